@@ -1,0 +1,1 @@
+"""The HTTP surface: AdmissionReview in, decision out."""

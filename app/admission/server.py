@@ -1,0 +1,160 @@
+"""The FastAPI app: /mutate, /validate, /healthz, /readyz, /metrics.
+
+The handler reads the raw body (bounded), decodes it with ``review.decode``,
+asks ``policy.decide`` and writes the answer; everything else a decision
+causes (log line, metrics, Events, the annotation) goes to ``on_decision``,
+which must not block: side effects are queued, never run on the request path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from app.admission import review as rv
+from app.metrics import Metrics
+from app.policy import decide
+from app.policy.model import CacheHealth, ClusterView, Decision, PolicySettings
+
+log = logging.getLogger("kubevirt_eviction_guard.admission")
+JSON = "application/json"
+DEFAULT_MAX_BODY = 1 << 20
+
+
+@dataclass
+class GuardContext:
+    """Everything the HTTP layer needs, passed in (the CLI wires it)."""
+
+    view: ClusterView
+    settings: PolicySettings
+    health: Callable[[float], CacheHealth] = lambda now: CacheHealth()
+    readiness_detail: Callable[[], dict] = dict  # per-kind "why not ready", for /readyz
+    clock: Callable[[], float] = time.time
+    metrics: Metrics = field(default_factory=Metrics)
+    on_decision: Callable[[rv.Review, Decision], None] | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    shutting_down: bool = False
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(status: int, payload: dict) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
+
+
+def create_app(ctx: GuardContext) -> FastAPI:
+    app = FastAPI(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.guard = ctx
+    metrics = ctx.metrics
+
+    def error(status: int, message: str) -> Response:
+        metrics.bad_requests.labels(str(status)).inc()
+        return Response(rv.errored(status, message), status_code=status, media_type=JSON)
+
+    async def admit(request: Request) -> Response:
+        started = time.perf_counter()
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";", 1)[0].strip().lower() != JSON:
+            return error(400, f"content type must be {JSON}, got {ctype or 'none'!r}")
+        try:
+            body = await _read_body(request, ctx.max_body_bytes)
+        except BodyTooLarge:
+            return error(413, f"request body larger than {ctx.max_body_bytes} bytes")
+        try:
+            review = rv.decode(body)
+        except rv.BadReview as e:
+            return error(e.status, e.message)
+        now = ctx.clock()
+        try:
+            decision = decide(review.eviction, ctx.view, now, ctx.settings, ctx.health(now))
+        except Exception:  # a bug must not block evictions: fail open, loudly
+            log.exception("policy failed; allowing", extra={"uid": review.uid})
+            decision = Decision(allowed=True, reason="internal_error", message="guard error; failing open")
+        out = rv.respond(review, decision)
+        metrics.decisions.labels("allowed" if decision.allowed else "denied", decision.reason).inc()
+        if decision.denied:
+            metrics.blocks.labels(decision.reason, decision.node, review.eviction.namespace).inc()
+        if decision.cooldown is not None:
+            metrics.effective_cooldown.observe(decision.cooldown.cooldown)  # type: ignore[attr-defined]
+        if ctx.on_decision is not None:
+            try:
+                ctx.on_decision(review, decision)
+            except Exception:
+                log.exception("decision hook failed", extra={"uid": review.uid})
+        metrics.admission_duration.observe(time.perf_counter() - started)
+        return Response(out, media_type=JSON)
+
+    app.add_api_route("/mutate", admit, methods=["POST"])
+    app.add_api_route("/validate", admit, methods=["POST"])
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return _json(200, {"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if ctx.shutting_down:
+            return _json(503, {"ready": False, "reason": "shutting down"})
+        health = ctx.health(ctx.clock())
+        if health.ready:
+            return _json(200, {"ready": True, "stale": sorted(health.stale)})
+        detail = ctx.readiness_detail()
+        return _json(503, {"ready": False, "notSynced": {k: detail.get(k, "not listed yet") for k in sorted(health.not_synced)}})
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        body, ctype = metrics.render()
+        return Response(body, media_type=ctype)
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _json(404, {"error": f"no such endpoint: {request.method} {request.url.path}", "code": 404})
+
+    @app.exception_handler(405)
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return _json(405, {"error": f"method {request.method} not allowed on {request.url.path}", "code": 405})
+
+    return app
+
+
+def log_decision(review: rv.Review, decision: Decision) -> None:
+    """One structured line per decision: who asked, what was decided, why. No bodies, no tokens."""
+    ev = review.eviction
+    fields = {
+        "uid": review.uid,
+        "namespace": ev.namespace,
+        "pod": ev.name,
+        "vmi": decision.vmi.name if decision.vmi else None,
+        "node": decision.node or None,
+        "requester": ev.requested_by or ev.username,
+        "decision": "allowed" if decision.allowed else "denied",
+        "reason": decision.reason,
+        "dry_run": ev.dry_run,
+    }
+    cd = decision.cooldown
+    if cd is not None:
+        fields.update(cooldown_s=int(cd.cooldown), migrations_in_window=cd.count)  # type: ignore[attr-defined]
+    if decision.remaining is not None:
+        fields["remaining_s"] = int(decision.remaining)
+    log.info(decision.message, extra=fields)

@@ -1,0 +1,131 @@
+"""Command line: serve, explain, report, certs. Thin wiring; the judgement lives in policy."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from app import __version__
+from app.cluster.snapshot import SnapshotError, load_snapshot
+from app.cluster.store import ClusterStore
+from app.config import DURATIONS, SETTING_NAMES, SettingsError, build_settings, kebab, load_config_file
+from app.policy.model import PolicySettings
+from app.timefmt import parse_timestamp
+from app.tls import TLSError
+
+log = logging.getLogger("kubevirt_eviction_guard")
+
+
+class UsageError(Exception):
+    pass
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("policy settings (override --config)")
+    g.add_argument("--config", metavar="FILE", help="YAML file with policy settings (design.md names)")
+    for name in SETTING_NAMES:
+        kind = "Go duration" if name in DURATIONS else ("comma-separated" if name == "deschedulerUsers" else "")
+        g.add_argument(f"--{kebab(name)}", dest=name, metavar=kind.upper().replace(" ", "_") or "VALUE", default=None)
+    g.add_argument("--now", metavar="RFC3339", help="decide as of this time instead of the clock (what-if on a dump)")
+
+
+def _source_flags(p: argparse.ArgumentParser, snapshot_required: bool = False) -> None:
+    p.add_argument("--snapshot", metavar="FILE", required=snapshot_required,
+                   help="cluster state from a file (kubectl get vmi,vmim,pods,nodes -A -o yaml)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kubevirt-eviction-guard", description=__doc__)
+    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("--log-format", choices=("json", "text"), default="json")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTPS admission webhook")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8443)
+    serve.add_argument("--tls-cert", required=True, metavar="FILE")
+    serve.add_argument("--tls-key", required=True, metavar="FILE")
+    serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    _source_flags(serve)
+    _policy_flags(serve)
+
+    explain = sub.add_parser("explain", help="the decision for one pod, with the reasoning")
+    explain.add_argument("--namespace", "-n", required=True)
+    explain.add_argument("--pod", required=True)
+    explain.add_argument("--requester", default="descheduler", help="descheduler | user:NAME")
+    _source_flags(explain, snapshot_required=True)
+    _policy_flags(explain)
+
+    report = sub.add_parser("report", help="every VMI's migration history and cooldown state")
+    _source_flags(report, snapshot_required=True)
+    _policy_flags(report)
+
+    certs = sub.add_parser("certs", help="CA and serving certificate for a Service, and the caBundle")
+    certs.add_argument("--service", required=True)
+    certs.add_argument("--namespace", required=True)
+    certs.add_argument("--out", required=True, metavar="DIR")
+    certs.add_argument("--days", type=int, default=365)
+    return parser
+
+
+def policy_settings(args: argparse.Namespace) -> PolicySettings:
+    values = load_config_file(args.config) if args.config else {}
+    for name in SETTING_NAMES:
+        flag = getattr(args, name, None)
+        if flag is not None:
+            values[name] = flag
+    return build_settings(values)
+
+
+def clock(args: argparse.Namespace):
+    if not getattr(args, "now", None):
+        return time.time
+    fixed = parse_timestamp(args.now)
+    if fixed is None:
+        raise SettingsError(f"--now: not an RFC 3339 timestamp: {args.now!r}")
+    return lambda: fixed
+
+
+def load_store(args: argparse.Namespace) -> ClusterStore:
+    store, stats = load_snapshot(args.snapshot)
+    log.info("snapshot loaded", extra={"file": args.snapshot, **stats.loaded, "skipped_kinds": stats.skipped_kinds,
+                                       "skipped_malformed": stats.skipped_malformed})
+    return store
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from app.logs import configure
+
+    configure(args.log_format, args.log_level)
+    try:
+        if args.command == "serve":
+            from app.serve import serve
+
+            return serve(args)
+        if args.command == "explain":
+            from app.inspect import explain
+
+            return explain(args)
+        if args.command == "report":
+            from app.inspect import report
+
+            return report(args)
+        if args.command == "certs":
+            from app.tls import issue_certs, write_certs
+
+            issued = issue_certs(args.service, args.namespace, days=args.days)
+            paths = write_certs(issued, args.out)
+            print(f"wrote {paths['ca']}, {paths['cert']}, {paths['key']}", file=sys.stderr)
+            print(issued.ca_bundle)
+            return 0
+    except (SettingsError, SnapshotError, TLSError, UsageError) as e:
+        print(f"kubevirt-eviction-guard: {e}", file=sys.stderr)
+        return 2
+    return 1

@@ -1,0 +1,118 @@
+"""Load cluster state from a file, as ``kubectl get vmi,vmim,pods,nodes -A -o yaml`` prints it.
+
+Accepted: a Kubernetes ``List`` (or any ``*List``) in JSON or YAML, a single
+object, or a multi-document YAML stream of either. Items of other kinds are
+skipped. A file that cannot be read or parsed is a ``SnapshotError`` naming
+the file and the problem; an item that lacks a name is skipped and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from app.cluster.records import (
+    RecordError,
+    migration_from_object,
+    node_from_object,
+    pod_from_object,
+    vmi_from_object,
+)
+from app.cluster.store import KINDS, NODE, POD, VMI, VMIM, ClusterStore
+
+PARSERS = {
+    "VirtualMachineInstance": (VMI, vmi_from_object),
+    "VirtualMachineInstanceMigration": (VMIM, migration_from_object),
+    "Pod": (POD, pod_from_object),
+    "Node": (NODE, node_from_object),
+}
+
+try:  # libyaml is much faster on large dumps; fall back to the pure-Python loader
+    _Loader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover
+    _Loader = yaml.SafeLoader
+
+
+class SnapshotError(ValueError):
+    pass
+
+
+@dataclass
+class SnapshotStats:
+    loaded: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
+    skipped_kinds: int = 0
+    skipped_malformed: int = 0
+
+
+def _documents(path: Path, data: bytes) -> list[Any]:
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            return [orjson.loads(data)]
+        except orjson.JSONDecodeError:
+            pass  # YAML is a superset of JSON's flow style; let the YAML parser report
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SnapshotError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SnapshotError(f"{path}: not valid YAML or JSON{where}: {problem}") from None
+
+
+def _items(path: Path, docs: list[Any]) -> Iterator[Any]:
+    for i, doc in enumerate(docs):
+        if isinstance(doc, list):
+            yield from doc
+            continue
+        if not isinstance(doc, dict):
+            raise SnapshotError(f"{path}: document {i + 1} is a {type(doc).__name__}, expected a Kubernetes object or List")
+        kind = doc.get("kind")
+        if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
+            items = doc.get("items")
+            if items is None:
+                continue
+            if not isinstance(items, list):
+                raise SnapshotError(f"{path}: document {i + 1}: 'items' is not a list")
+            yield from items
+        elif "kind" in doc:
+            yield doc
+        else:
+            raise SnapshotError(f"{path}: document {i + 1} has no 'kind'; expected a Kubernetes object or List")
+
+
+def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[ClusterStore, SnapshotStats]:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise SnapshotError(f"{p}: cannot read: {e.strerror or e}") from None
+    store = store if store is not None else ClusterStore()
+    stats = SnapshotStats()
+    by_kind: dict[str, list] = {k: [] for k in KINDS}
+    for item in _items(p, _documents(p, data)):
+        kind = item.get("kind") if isinstance(item, dict) else None
+        parser = PARSERS.get(kind) if isinstance(kind, str) else None
+        if parser is None:
+            stats.skipped_kinds += 1
+            continue
+        store_kind, parse = parser
+        try:
+            record = parse(item)
+        except RecordError:
+            stats.skipped_malformed += 1
+            continue
+        by_kind[store_kind].append(record)
+    for kind, records in by_kind.items():
+        store.replace(kind, records)
+        stats.loaded[kind] = len(records)
+    return store, stats

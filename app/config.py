@@ -1,0 +1,111 @@
+"""Policy settings: the ``--config`` YAML file and the flags of the same names.
+
+Every setting is validated at start-up; a bad one stops the guard with a
+message naming it (``migrationCooldown: not a duration: '15 minutes'``).
+Unlike the reference plugin, 0 means 0: there is no silent default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.policy.model import SCOPE_ALL, SCOPE_DESCHEDULER, PolicySettings
+from app.timefmt import parse_duration
+
+DURATIONS = {
+    "migrationCooldown": "migration_cooldown",
+    "maxMigrationCooldown": "max_migration_cooldown",
+    "migrationHistoryWindow": "migration_history_window",
+    "evacuationStaleAfter": "evacuation_stale_after",
+}
+SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode")
+# guard-level settings that may share the config file with the policy
+GUARD_KEYS = ("staleAfter", "maxBodyBytes")
+
+
+class SettingsError(ValueError):
+    """A setting or settings file the guard refuses to start with; the text names it."""
+
+
+def kebab(name: str) -> str:
+    return "".join("-" + c.lower() if c.isupper() else c for c in name)
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    policy: PolicySettings
+    extra: dict[str, Any]
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SettingsError(f"--config {path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"--config {path}: not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SettingsError(f"--config {path}: not valid YAML: {e}".splitlines()[0]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"--config {path}: expected a mapping of settings, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(SETTING_NAMES) - set(GUARD_KEYS))
+    if unknown:
+        raise SettingsError(f"--config {path}: unknown setting(s): {', '.join(map(str, unknown))}")
+    return data
+
+
+def build_settings(values: dict[str, Any]) -> PolicySettings:
+    """Settings from a mapping keyed by the camelCase names (file, then flags on top)."""
+    kwargs: dict[str, Any] = {}
+    for name, attr in DURATIONS.items():
+        if name in values and values[name] is not None:
+            raw = values[name]
+            try:
+                seconds = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw == 0 else parse_duration(raw)
+            except ValueError as e:
+                raise SettingsError(f"{name}: {e}") from None
+            if seconds < 0:
+                raise SettingsError(f"{name}: must not be negative, got {raw}")
+            kwargs[attr] = seconds
+    if values.get("cooldownScope") is not None:
+        scope = values["cooldownScope"]
+        if scope not in (SCOPE_DESCHEDULER, SCOPE_ALL):
+            raise SettingsError(f"cooldownScope: must be '{SCOPE_DESCHEDULER}' or '{SCOPE_ALL}', got {scope!r}")
+        kwargs["cooldown_scope"] = scope
+    if values.get("deschedulerUsers") is not None:
+        users = values["deschedulerUsers"]
+        if isinstance(users, str):
+            users = [u.strip() for u in users.split(",") if u.strip()]
+        if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+            raise SettingsError("deschedulerUsers: must be a list of usernames")
+        kwargs["descheduler_users"] = frozenset(users)
+    if values.get("pendingEvacuationsPerNode") is not None:
+        raw = values["pendingEvacuationsPerNode"]
+        try:
+            budget = int(raw)
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise SettingsError(f"pendingEvacuationsPerNode: must be an integer, got {raw!r}") from None
+        if budget < 0:
+            raise SettingsError(f"pendingEvacuationsPerNode: must not be negative, got {budget}")
+        kwargs["pending_evacuations_per_node"] = budget
+    settings = PolicySettings(**kwargs)
+    if (
+        settings.max_migration_cooldown > 0
+        and settings.migration_cooldown > 0
+        and settings.max_migration_cooldown < settings.migration_cooldown
+    ):
+        raise SettingsError(
+            "maxMigrationCooldown: must be 0 (no cap) or at least migrationCooldown "
+            f"({values.get('maxMigrationCooldown')} < {values.get('migrationCooldown', '15m')})"
+        )
+    return settings

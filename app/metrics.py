@@ -1,0 +1,37 @@
+"""Prometheus metrics (prefix ``kubevirt_eviction_guard_``), one registry per guard.
+
+Labels are bounded: reasons, decisions, kinds, nodes and namespaces; never pod
+or VMI names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "kubevirt_eviction_guard_"
+COOLDOWN_BUCKETS = (900, 1800, 3600, 7200, 14400, 21600)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(PREFIX + "decisions_total", "Admission decisions", ["decision", "reason"], registry=r)
+        self.blocks = Counter(PREFIX + "blocks_total", "Evictions denied", ["reason", "node", "namespace"], registry=r)
+        self.effective_cooldown = Histogram(
+            PREFIX + "effective_cooldown_seconds", "Effective cooldown of VMIs evaluated for cooldown",
+            buckets=COOLDOWN_BUCKETS, registry=r,
+        )
+        self.admission_duration = Histogram(
+            PREFIX + "admission_duration_seconds", "Time to answer an AdmissionReview", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.cache_objects = Gauge(PREFIX + "cache_objects", "Objects in the cluster cache", ["kind"], registry=r)
+        self.cache_synced = Gauge(PREFIX + "cache_synced", "1 when the kind has been listed", ["kind"], registry=r)
+        self.watch_restarts = Counter(PREFIX + "watch_restarts_total", "Watch restarts", ["kind", "cause"], registry=r)
+        self.side_effect_errors = Counter(PREFIX + "side_effect_errors_total", "Failed side effects", ["kind"], registry=r)
+        self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

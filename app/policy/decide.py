@@ -1,0 +1,223 @@
+"""The decision table of design.md, rule by rule, first match wins.
+
+``decide`` reads like the table; each rule's judgement is a small function
+below it. Nothing here does I/O or reads a clock: the cluster view, the time
+and the settings are parameters, so the same inputs give the same decision in
+every replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.cluster.records import LauncherPod, MigrationRecord, VMIRecord
+from app.cluster.store import NODE, POD, VMI, VMIM
+from app.policy.cooldown import cooldown_state, relevant_migrations
+from app.policy.model import (
+    DESCHEDULER_REQUESTER,
+    HEALTHY,
+    SCOPE_ALL,
+    CacheHealth,
+    ClusterView,
+    Decision,
+    EvictionRequest,
+    PolicySettings,
+    Reason,
+)
+from app.timefmt import format_duration
+
+COMPLETED_PHASES = ("Succeeded", "Failed")
+BACKGROUND_TEXT = 'Evacuation in progress: Eviction triggered evacuation of VMI "{ns}/{name}"'
+MAX_NAMES = 5
+
+
+def decide(
+    req: EvictionRequest,
+    view: ClusterView,
+    now: float,
+    settings: PolicySettings,
+    health: CacheHealth = HEALTHY,
+) -> Decision:
+    dry = req.dry_run
+    # 1. not a CREATE of pods/eviction
+    if not req.is_eviction:
+        return _allow(Reason.NOT_AN_EVICTION, "not a CREATE of pods/eviction; the guard only judges evictions", dry)
+    # 2. state not yet synced (and, for the kinds a rule reads, not stale)
+    if not health.ready:
+        kinds = ", ".join(sorted(health.not_synced))
+        return _allow(Reason.CACHE_NOT_READY, f"cluster state not synced yet ({kinds}); failing open", dry)
+    if POD in health.stale:
+        return _stale(health, dry)
+    # 3. not a VM's launcher pod, or completed
+    pod = view.pod(req.namespace, req.name)
+    if not is_vm_pod(pod):
+        return _allow(Reason.NOT_A_VM_POD, f"pod {req.namespace}/{req.name} is not a running virt-launcher pod", dry)
+    assert pod is not None
+    if VMI in health.stale or VMIM in health.stale:
+        return _stale(health, dry, pod=pod)
+    # 4. VMI unknown
+    vmi = view.vmi(pod.namespace, pod.vmi_name)
+    if vmi is None:
+        return _allow(Reason.VMI_NOT_FOUND, f'VMI "{pod.namespace}/{pod.vmi_name}" not found; failing open', dry, pod=pod)
+    migrations = relevant_migrations(vmi, view.migrations(vmi.namespace, vmi.name))
+    # 5. the pod is the target of a migration
+    if is_migration_target(pod, vmi, view):
+        msg = f'Eviction request for target Pod of VMI "{vmi.namespace}/{vmi.name}": a live migration to this pod is in flight'
+        return _deny(Reason.MIGRATION_TARGET, msg, dry, vmi, pod)
+    # 6. a migration of this VMI is in flight
+    in_flight = describe_in_flight(vmi, migrations, now)
+    if in_flight:
+        return _deny(Reason.MIGRATION_IN_PROGRESS, f"{_background(vmi)}: {in_flight}", dry, vmi, pod)
+    # 7. the VMI is marked for evacuation from this pod's node
+    if vmi.evacuation_node and vmi.evacuation_node == pod.node:
+        msg = f'{_background(vmi)}: VMI is marked for evacuation from node "{pod.node}", its migration is pending'
+        return _deny(Reason.EVACUATION_PENDING, msg, dry, vmi, pod)
+    # exemptions from rules 8 and 9: scope and drains
+    if not in_scope(req, settings):
+        return _allow(Reason.ALLOWED, "not a descheduler eviction: cooldown and node budget do not apply", dry, vmi, pod)
+    if NODE in health.stale:
+        return _stale(health, dry, vmi=vmi, pod=pod)
+    node = view.node(pod.node)
+    if node is not None and node.unschedulable:
+        return _allow(Reason.ALLOWED, f'node "{pod.node}" is cordoned: drains are never held back', dry, vmi, pod)
+    # 8. the node already has VMs leaving
+    leaving = others_leaving(pod.node, vmi, view, now, settings)
+    budget = settings.pending_evacuations_per_node
+    if budget > 0 and len(leaving) >= budget:
+        names = ", ".join(leaving[:MAX_NAMES]) + (", ..." if len(leaving) > MAX_NAMES else "")
+        msg = f'node "{pod.node}" already has {len(leaving)} VM(s) leaving ({names}); retry after they finish'
+        return _deny(Reason.NODE_BUSY, msg, dry, vmi, pod, leaving=tuple(leaving))
+    # 9. cooldown
+    state = cooldown_state(vmi, migrations, now, settings)
+    if state is not None and state.active:
+        plural = "migration" if state.count == 1 else "migrations"
+        msg = (
+            f'VMI "{vmi.namespace}/{vmi.name}" is in migration cooldown: last migration finished '
+            f"{format_duration(now - state.last_end)} ago, cooldown {format_duration(state.cooldown)} "
+            f"({state.count} {plural} in the last {format_duration(settings.migration_history_window)}), "
+            f"retry in {format_duration(state.remaining)}"
+        )
+        return _deny(Reason.COOLDOWN, msg, dry, vmi, pod, remaining=state.remaining, cooldown=state)
+    # 10. otherwise
+    return _allow(Reason.ALLOWED, "no migration in flight, node not busy, not in cooldown", dry, vmi, pod, cooldown=state)
+
+
+# ---- rule judgements ---------------------------------------------------------
+
+
+def is_vm_pod(pod: LauncherPod | None) -> bool:
+    """Rule 3: a launcher pod of a VM that is not completed."""
+    return pod is not None and pod.is_launcher and bool(pod.vmi_name) and pod.phase not in COMPLETED_PHASES
+
+
+def is_migration_target(pod: LauncherPod, vmi: VMIRecord, view: ClusterView) -> bool:
+    """Rule 5: the VM runs elsewhere, or the pod belongs to an unfinished migration."""
+    if vmi.node and pod.node != vmi.node:
+        return True
+    job = pod.migration_job_uid
+    if not job:
+        return False
+    state = vmi.migration
+    if state is not None and state.uid == job and state.in_flight:
+        return True
+    vmim = view.migration_by_uid(job)
+    return vmim is not None and not vmim.finished
+
+
+def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], now: float) -> str:
+    """Rule 6: what is in flight for this VMI ("" when nothing): its ``migrationState``
+    started and not ended, or a VMIM in a non-final phase (queued or running, which
+    KubeVirt shows on the VMIM before the VMI's ``migrationState`` has it)."""
+    state = vmi.migration
+    if state is not None and state.in_flight:
+        since = f" {format_duration(now - state.start)} ago" if state.start is not None else ""
+        route = f" from {state.source_node or '?'} to {state.target_node or '?'}"
+        return f"live migration{route} started{since} is in flight"
+    pending = [m for m in migrations if not m.finished]
+    if pending:
+        m = min(pending, key=lambda m: m.created or 0.0)
+        return f"migration {m.namespace}/{m.name} is {m.phase or 'queued'}"
+    return ""
+
+
+def in_scope(req: EvictionRequest, settings: PolicySettings) -> bool:
+    """Cooldown and node budget apply to descheduler evictions (or to all, by setting)."""
+    if settings.cooldown_scope == SCOPE_ALL:
+        return True
+    return req.requested_by == DESCHEDULER_REQUESTER or req.username in settings.descheduler_users
+
+
+def others_leaving(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings) -> list[str]:
+    """Rule 8: the other VMs leaving ``node`` whose departure is not stale, as "NS/NAME"."""
+    out = []
+    for other in view.leaving_candidates(node):
+        if other.key == vmi.key:
+            continue
+        migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
+        if not is_leaving(other, migrations, node):
+            continue
+        age = leaving_age(other, migrations, node, now)
+        if age is None or age <= settings.evacuation_stale_after:
+            out.append(f"{other.namespace}/{other.name}")
+    out.sort()
+    return out
+
+
+def is_leaving(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str) -> bool:
+    if vmi.evacuation_node == node:
+        return True
+    state = vmi.migration
+    if state is not None and state.in_flight and (state.source_node or vmi.node) == node:
+        return True
+    return vmi.node == node and any(not m.finished for m in migrations)
+
+
+def leaving_age(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str, now: float) -> float | None:
+    """How long the VM has been leaving ``node``, from the earliest evidence; None if unknown.
+
+    Evidence: the in-flight migration's start; the oldest unfinished VMIM; and the
+    first evacuation VMIM for ``node`` since the VM's last successful migration (the
+    start of the current evacuation episode, so that a VM whose migrations keep
+    failing ages and stops freezing its node after ``evacuationStaleAfter``).
+    """
+    anchors: list[float] = []
+    state = vmi.migration
+    if state is not None and state.in_flight and state.start is not None:
+        anchors.append(state.start)
+    anchors.extend(m.created for m in migrations if not m.finished and m.created is not None)
+    last_success = max((m.created for m in migrations if m.phase == "Succeeded" and m.created is not None), default=None)
+    anchors.extend(
+        m.created
+        for m in migrations
+        if m.evacuation_node == node and m.created is not None and (last_success is None or m.created >= last_success)
+    )
+    if not anchors:
+        return None
+    return now - min(anchors)
+
+
+# ---- helpers -----------------------------------------------------------------
+
+
+def _background(vmi: VMIRecord) -> str:
+    return BACKGROUND_TEXT.format(ns=vmi.namespace, name=vmi.name)
+
+
+def _stale(health: CacheHealth, dry: bool, vmi: VMIRecord | None = None, pod: LauncherPod | None = None) -> Decision:
+    kinds = ", ".join(sorted(health.stale))
+    msg = f"watch of {kinds} broken for longer than the staleness threshold; failing open"
+    return _allow(Reason.CACHE_STALE, msg, dry, vmi, pod)
+
+
+def _allow(reason: str, message: str, dry: bool, vmi=None, pod=None, cooldown=None) -> Decision:
+    return Decision(
+        allowed=True, reason=reason, message=message, vmi=vmi, pod=pod, node=pod.node if pod else "",
+        cooldown=cooldown, dry_run=dry,
+    )
+
+
+def _deny(reason: str, message: str, dry: bool, vmi, pod, remaining=None, cooldown=None, leaving=()) -> Decision:
+    return Decision(
+        allowed=False, reason=reason, message=message, vmi=vmi, pod=pod, node=pod.node,
+        remaining=remaining, cooldown=cooldown, leaving=leaving, dry_run=dry,
+    )

@@ -1,0 +1,115 @@
+"""Inputs and outputs of policy: what an eviction asks, what the guard answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.cluster.records import LauncherPod, MigrationRecord, NodeRecord, VMIRecord
+
+DESCHEDULER_REQUESTER = "sigs.k8s.io/descheduler"
+SCOPE_DESCHEDULER = "descheduler"
+SCOPE_ALL = "all"
+
+
+class Reason:
+    """Reason labels of the decision table (design.md), in table order."""
+
+    NOT_AN_EVICTION = "not_an_eviction"
+    CACHE_NOT_READY = "cache_not_ready"
+    CACHE_STALE = "cache_stale"
+    NOT_A_VM_POD = "not_a_vm_pod"
+    VMI_NOT_FOUND = "vmi_not_found"
+    MIGRATION_TARGET = "migration_target"
+    MIGRATION_IN_PROGRESS = "migration_in_progress"
+    EVACUATION_PENDING = "evacuation_pending"
+    NODE_BUSY = "node_busy"
+    COOLDOWN = "cooldown"
+    ALLOWED = "allowed"
+
+
+@dataclass(slots=True, frozen=True)
+class PolicySettings:
+    """Policy settings in seconds (config.py parses and validates the Go-duration spelling)."""
+
+    migration_cooldown: float = 15 * 60
+    max_migration_cooldown: float = 6 * 3600
+    migration_history_window: float = 48 * 3600
+    cooldown_scope: str = SCOPE_DESCHEDULER
+    descheduler_users: frozenset[str] = frozenset()
+    pending_evacuations_per_node: int = 1
+    evacuation_stale_after: float = 3600.0
+
+
+@dataclass(slots=True, frozen=True)
+class EvictionRequest:
+    """What policy needs from an AdmissionReview request, already type-checked."""
+
+    operation: str
+    resource: str  # request.resource.resource
+    subresource: str
+    namespace: str  # pod namespace, from the URL
+    name: str  # pod name, from the URL
+    username: str = ""
+    requested_by: str = ""  # Eviction annotation requested-by
+    eviction_reason: str = ""  # Eviction annotation reason (descheduler profile/strategy)
+    dry_run: bool = False
+
+    @property
+    def is_eviction(self) -> bool:
+        return self.operation == "CREATE" and self.resource == "pods" and self.subresource == "eviction"
+
+
+@dataclass(slots=True, frozen=True)
+class CacheHealth:
+    """Which kinds of cluster state cannot be trusted right now."""
+
+    not_synced: frozenset[str] = frozenset()  # never listed yet: readiness false
+    stale: frozenset[str] = frozenset()  # watch broken for longer than the threshold
+
+    @property
+    def ready(self) -> bool:
+        return not self.not_synced
+
+
+HEALTHY = CacheHealth()
+
+
+@dataclass(slots=True, frozen=True)
+class Decision:
+    allowed: bool
+    reason: str
+    message: str
+    vmi: VMIRecord | None = None
+    pod: LauncherPod | None = None
+    node: str = ""
+    remaining: float | None = None  # seconds left of the cooldown (rule 9)
+    cooldown: object | None = None  # CooldownState when computed
+    leaving: tuple[str, ...] = field(default=())  # rule 8: the other VMs leaving, "NS/NAME"
+    dry_run: bool = False
+
+    @property
+    def denied(self) -> bool:
+        return not self.allowed
+
+    @property
+    def background(self) -> bool:
+        """Rules 6 and 7: the descheduler should count this eviction as running in the background."""
+        return self.reason in (Reason.MIGRATION_IN_PROGRESS, Reason.EVACUATION_PENDING)
+
+
+class ClusterView(Protocol):
+    """The questions policy asks of the cluster (ClusterStore answers them)."""
+
+    def pod(self, namespace: str, name: str) -> LauncherPod | None: ...
+
+    def vmi(self, namespace: str, name: str) -> VMIRecord | None: ...
+
+    def node(self, name: str) -> NodeRecord | None: ...
+
+    def migrations(self, namespace: str, vmi_name: str) -> Sequence[MigrationRecord]: ...
+
+    def migration_by_uid(self, uid: str) -> MigrationRecord | None: ...
+
+    def leaving_candidates(self, node: str) -> Sequence[VMIRecord]: ...

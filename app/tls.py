@@ -1,0 +1,127 @@
+"""TLS: the serving context (TLS 1.2 minimum) and dev/CA certificate generation."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+class TLSError(ValueError):
+    """A certificate or key the guard refuses to serve with; the text names the file."""
+
+
+def check_certificate(cert_path: str | Path, now: dt.datetime | None = None) -> x509.Certificate:
+    p = Path(cert_path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise TLSError(f"--tls-cert {p}: cannot read: {e.strerror or e}") from None
+    try:
+        cert = x509.load_pem_x509_certificate(data)
+    except ValueError:
+        raise TLSError(f"--tls-cert {p}: not a PEM certificate") from None
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if cert.not_valid_after_utc < now:
+        raise TLSError(f"--tls-cert {p}: certificate expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M:%S}Z")
+    if cert.not_valid_before_utc > now:
+        raise TLSError(f"--tls-cert {p}: certificate not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M:%S}Z")
+    return cert
+
+
+def server_context(cert_path: str | Path, key_path: str | Path, client_ca: str | Path | None = None) -> ssl.SSLContext:
+    """An SSLContext for serving: TLS 1.2+, the given pair, optionally requiring client certs."""
+    check_certificate(cert_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(str(cert_path), str(key_path))
+    except FileNotFoundError as e:
+        raise TLSError(f"--tls-key {key_path}: cannot read: {e.strerror}") from None
+    except ssl.SSLError as e:
+        raise TLSError(f"--tls-key {key_path}: does not load with --tls-cert {cert_path}: {e.reason or e}") from None
+    if client_ca:
+        try:
+            ctx.load_verify_locations(cafile=str(client_ca))
+        except (OSError, ssl.SSLError) as e:
+            raise TLSError(f"--client-ca {client_ca}: cannot load: {e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+@dataclass
+class IssuedCerts:
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+
+    @property
+    def ca_bundle(self) -> str:
+        return base64.b64encode(self.ca_pem).decode()
+
+
+def service_names(service: str, namespace: str) -> list[str]:
+    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local", "localhost"]
+
+
+def issue_certs(service: str, namespace: str, days: int = 365, now: dt.datetime | None = None) -> IssuedCerts:
+    """A CA and a serving certificate for the Service (and localhost/127.0.0.1), ECDSA P-256."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    start = now - dt.timedelta(minutes=5)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{service}-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(now + dt.timedelta(days=days * 10))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in service_names(service, namespace)]
+    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{service}.{namespace}.svc")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return IssuedCerts(
+        ca_pem=ca.public_bytes(pem),
+        cert_pem=cert.public_bytes(pem),
+        key_pem=key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
+
+
+def write_certs(issued: IssuedCerts, out: str | Path) -> dict[str, Path]:
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"ca": d / "ca.crt", "cert": d / "tls.crt", "key": d / "tls.key"}
+    paths["ca"].write_bytes(issued.ca_pem)
+    paths["cert"].write_bytes(issued.cert_pem)
+    paths["key"].touch(mode=0o600)
+    paths["key"].write_bytes(issued.key_pem)
+    return paths
