@@ -23,12 +23,12 @@ def requester_request(namespace: str, pod: str, requester: str) -> EvictionReque
     raise UsageError(f"--requester: expected 'descheduler' or 'user:NAME', got {requester!r}")
 
 
-def explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
     settings = policy_settings(args)
     now = clock(args)()
     store = load_store(args)
     req = requester_request(args.namespace, args.pod, args.requester)
-    write_explanation(req, store, now, settings, out)
+    write_explanation(req, store, now, settings, out or sys.stdout)
     return 0
 
 
@@ -76,10 +76,10 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
       f" (budget {settings.pending_evacuations_per_node}, stale after {format_duration(settings.evacuation_stale_after)})\n")
 
 
-def report(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     settings = policy_settings(args)
     now = clock(args)()
-    write_report(load_store(args), now, settings, out)
+    write_report(load_store(args), now, settings, out or sys.stdout)
     return 0
 
 

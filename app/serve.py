@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 
 import uvicorn
 
@@ -12,6 +14,24 @@ from app.cli import UsageError, clock, load_store, policy_settings
 from app.tls import server_context
 
 log = logging.getLogger("kubevirt_eviction_guard")
+
+
+class GuardServer(uvicorn.Server):
+    """uvicorn's server, but a SIGTERM ends in exit status 0 after the graceful drain.
+
+    uvicorn re-raises the captured signal once it has shut down, so the process
+    dies "killed by SIGTERM"; Kubernetes and process supervisors read that as a
+    crash. The guard stops on SIGTERM by design.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def build_context(args: argparse.Namespace) -> GuardContext:
@@ -46,5 +66,5 @@ def serve(args: argparse.Namespace) -> int:
     config.load()
     config.ssl = ssl_ctx  # ours: TLS 1.2 minimum, optional client-certificate verification
     log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings)})
-    uvicorn.Server(config).run()
+    GuardServer(config).run()
     return 0

@@ -25,7 +25,7 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"not a duration: {text!r}")
     s = text.strip()
     sign = 1.0
-    if s[:1] in "+-":
+    if s and s[0] in "+-":
         sign = -1.0 if s[0] == "-" else 1.0
         s = s[1:]
     if s == "0":

@@ -99,6 +99,8 @@ def allowed(review: Review, decision: Decision) -> bytes:
         "allowed": True,
         "auditAnnotations": {"decision": "allowed", "reason": decision.reason},
     }
+    if review.eviction.dry_run:
+        response["auditAnnotations"]["dry-run"] = "true"
     if decision.reason == Reason.NOT_AN_EVICTION:
         response["warnings"] = [f"{GUARD}: {decision.message}"]
     return _review(review.api_version, response)
@@ -110,6 +112,8 @@ def denied(review: Review, decision: Decision) -> bytes:
     server would turn it into a Retry-After header that makes client-go sleep and
     retry; the remaining time is in the message instead)."""
     audit = {"decision": "denied", "reason": decision.reason}
+    if review.eviction.dry_run:
+        audit["dry-run"] = "true"
     if decision.remaining is not None:
         audit["remaining-seconds"] = str(max(0, int(round(decision.remaining))))
     warning = f"{GUARD}: {decision.message}"

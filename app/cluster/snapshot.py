@@ -69,10 +69,17 @@ def _documents(path: Path, data: bytes) -> list[Any]:
         raise SnapshotError(f"{path}: not valid YAML or JSON{where}: {problem}") from None
 
 
-def _items(path: Path, docs: list[Any]) -> Iterator[Any]:
+def _objects(path: Path, where: str, items: list[Any]) -> Iterator[dict]:
+    for j, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise SnapshotError(f"{path}: {where} item {j + 1} is a {type(item).__name__}, expected a Kubernetes object")
+        yield item
+
+
+def _items(path: Path, docs: list[Any]) -> Iterator[dict]:
     for i, doc in enumerate(docs):
         if isinstance(doc, list):
-            yield from doc
+            yield from _objects(path, f"document {i + 1}", doc)
             continue
         if not isinstance(doc, dict):
             raise SnapshotError(f"{path}: document {i + 1} is a {type(doc).__name__}, expected a Kubernetes object or List")
@@ -83,7 +90,7 @@ def _items(path: Path, docs: list[Any]) -> Iterator[Any]:
                 continue
             if not isinstance(items, list):
                 raise SnapshotError(f"{path}: document {i + 1}: 'items' is not a list")
-            yield from items
+            yield from _objects(path, f"document {i + 1}", items)
         elif "kind" in doc:
             yield doc
         else:
@@ -100,7 +107,7 @@ def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[
     stats = SnapshotStats()
     by_kind: dict[str, list] = {k: [] for k in KINDS}
     for item in _items(p, _documents(p, data)):
-        kind = item.get("kind") if isinstance(item, dict) else None
+        kind = item.get("kind")
         parser = PARSERS.get(kind) if isinstance(kind, str) else None
         if parser is None:
             stats.skipped_kinds += 1

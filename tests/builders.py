@@ -1,0 +1,94 @@
+"""Cluster objects in the shapes KubeVirt and kube-apiserver write them, relative to a test clock.
+
+Times are given as minutes before NOW so a table row reads like the situation
+it describes ("migration ended 5 minutes ago").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from app.cluster.records import migration_from_object, node_from_object, pod_from_object, vmi_from_object
+from app.cluster.store import ClusterStore
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+FIXTURES = SHARED / "fixtures"
+NOW_DT = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
+NOW = NOW_DT.timestamp()
+NS = "vms"
+MIN = 60.0
+HOUR = 3600.0
+
+
+def ts(minutes_ago: float | None) -> str | None:
+    if minutes_ago is None:
+        return None
+    return (NOW_DT - timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node(name: str, cordoned: bool = False) -> dict:
+    spec = {"unschedulable": True} if cordoned else {}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": spec}
+
+
+def mstate(uid: str, src: str, dst: str, start: float | None, end: float | None = None, failed: bool = False, raw_start=None) -> dict:
+    s: dict = {"migrationUid": uid, "sourceNode": src, "targetNode": dst}
+    if raw_start is not None:
+        s["startTimestamp"] = raw_start
+    elif start is not None:
+        s["startTimestamp"] = ts(start)
+    if end is not None:
+        s.update(endTimestamp=ts(end), completed=not failed, failed=failed)
+    return s
+
+
+def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | None = None, evacuation: str | None = None) -> dict:
+    status: dict = {"phase": "Running", "nodeName": node_name}
+    if migration is not None:
+        status["migrationState"] = migration
+    if evacuation:
+        status["evacuationNodeName"] = evacuation
+    return {
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created)},
+        "status": status,
+    }
+
+
+def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | None = None, evacuation: str | None = None,
+         uid: str | None = None) -> dict:
+    meta: dict = {"name": name, "namespace": NS, "uid": uid or (state or {}).get("migrationUid") or f"uid-{name}",
+                  "creationTimestamp": ts(created)}
+    if evacuation:
+        meta["annotations"] = {"kubevirt.io/evacuationMigration": evacuation}
+    status: dict = {"phase": phase} if phase else {}
+    if state is not None:
+        status["migrationState"] = state
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration", "metadata": meta,
+            "spec": {"vmiName": vmi_name}, "status": status}
+
+
+def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,
+        launcher: bool = True, domain: bool = True) -> dict:
+    labels = {"kubevirt.io": "virt-launcher"} if launcher else {"app": "web"}
+    if job:
+        labels["kubevirt.io/migrationJobUID"] = job
+    annotations = {"kubevirt.io/domain": vmi_name} if domain else {}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name or f"virt-launcher-{vmi_name}-abcde", "namespace": NS, "resourceVersion": "7",
+                     "labels": labels, "annotations": annotations},
+        "spec": {"nodeName": node_name}, "status": {"phase": phase},
+    }
+
+
+PARSE = {"Node": node_from_object, "VirtualMachineInstance": vmi_from_object,
+         "VirtualMachineInstanceMigration": migration_from_object, "Pod": pod_from_object}
+
+
+def store_of(*objects: dict) -> ClusterStore:
+    store = ClusterStore()
+    for obj in objects:
+        store.upsert(PARSE[obj["kind"]](obj))
+    return store

@@ -1,0 +1,112 @@
+"""The command line: explain, report, certs, and start-up errors that name what is wrong."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from app.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "examples" / "demo-snapshot.yaml")
+DEMO_NOW = "2026-11-21T12:00:00Z"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["--log-level", "warning", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("pod, requester, verdict, reason", [
+    ("virt-launcher-rhel9-db-01-a1b2c", "descheduler", "DENY", "cooldown"),
+    ("virt-launcher-rhel9-db-01-a1b2c", "user:kubernetes-admin", "ALLOW", "allowed"),
+    ("virt-launcher-web-02-a1b2c", "descheduler", "DENY", "node_busy"),
+    ("virt-launcher-win2022-app-03-a1b2c", "descheduler", "DENY", "migration_in_progress"),
+    ("virt-launcher-win2022-app-03-zz9k8", "descheduler", "DENY", "migration_target"),
+    ("virt-launcher-web-01-a1b2c", "descheduler", "DENY", "evacuation_pending"),
+    ("virt-launcher-batch-01-a1b2c", "descheduler", "ALLOW", "allowed"),
+    ("virt-launcher-cache-01-a1b2c", "descheduler", "ALLOW", "allowed"),
+    ("nginx-5d9c", "descheduler", "ALLOW", "not_a_vm_pod"),
+])
+def test_explain_demo(capsys, pod, requester, verdict, reason) -> None:
+    ns = "web" if pod.startswith("nginx") else "vms"
+    code, out, _ = run(capsys, "explain", "-n", ns, "--pod", pod, "--requester", requester, "--snapshot", DEMO, "--now", DEMO_NOW)
+    assert code == 0
+    assert f"decision: {verdict}" in out and f"reason: {reason}" in out
+
+
+def test_explain_shows_the_numbers(capsys) -> None:
+    _, out, _ = run(capsys, "explain", "-n", "vms", "--pod", "virt-launcher-api-01-a1b2c", "--snapshot", DEMO, "--now", DEMO_NOW)
+    assert "finished migrations (3)" in out
+    assert "base 30m0s" in out and "-> 2h0m0s, remaining 1h20m0s" in out
+
+
+def test_report_demo(capsys) -> None:
+    code, out, _ = run(capsys, "report", "--snapshot", DEMO, "--now", DEMO_NOW)
+    assert code == 0
+    rows = {line.split()[1]: line.split() for line in out.splitlines()[1:] if line.startswith("vms ")}
+    assert rows["api-01"][3:] == ["3", "2026-11-21T11:20:00Z", "2h0m0s", "1h20m0s", "cooldown"]
+    assert rows["win2022-app-03"][-1] == "migrating"
+    assert rows["web-01"][-1] == "evacuation-pending"
+    assert rows["cache-01"][-1] == "movable"
+
+
+def test_report_respects_settings(capsys) -> None:
+    _, out, _ = run(capsys, "report", "--snapshot", DEMO, "--now", DEMO_NOW, "--migration-cooldown", "1h")
+    api = next(line.split() for line in out.splitlines() if " api-01 " in line)
+    assert api[5] == "4h0m0s"
+
+
+def test_certs(capsys, tmp_path) -> None:
+    code, out, _ = run(capsys, "certs", "--service", "guard", "--namespace", "kv", "--out", str(tmp_path))
+    assert code == 0
+    ca = x509.load_pem_x509_certificate(base64.b64decode(out.strip()))
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    assert cert.issuer == ca.subject
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(sans.get_values_for_type(x509.DNSName)) == {"guard", "guard.kv", "guard.kv.svc", "guard.kv.svc.cluster.local", "localhost"}
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert (tmp_path / "tls.key").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--migration-cooldown=-5m"], "migrationCooldown"),
+    (["--migration-cooldown", "1h", "--max-migration-cooldown", "30m"], "maxMigrationCooldown"),
+    (["--cooldown-scope", "nobody"], "cooldownScope"),
+    (["--pending-evacuations-per-node=-2"], "pendingEvacuationsPerNode"),
+    (["--config", "/nonexistent/guard.yaml"], "--config /nonexistent/guard.yaml"),
+    (["--now", "noon"], "--now"),
+])
+def test_bad_settings_stop_startup_naming_them(tmp_path, args, named) -> None:
+    certs = tmp_path / "c"
+    main(["--log-level", "warning", "certs", "--service", "g", "--namespace", "n", "--out", str(certs)])
+    r = subprocess.run([sys.executable, "-m", "app", "serve", "--port", "0", "--tls-cert", str(certs / "tls.crt"),
+                        "--tls-key", str(certs / "tls.key"), "--snapshot", DEMO, *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert named in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_snapshot_stops_startup(tmp_path) -> None:
+    bad = tmp_path / "dump.yaml"
+    bad.write_text("kind: List\nitems: [\n")
+    r = subprocess.run([sys.executable, "-m", "app", "explain", "-n", "vms", "--pod", "x", "--snapshot", str(bad)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and str(bad) in r.stderr and "not valid YAML" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_tls_files_stop_startup(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "app", "serve", "--tls-cert", str(tmp_path / "no.crt"), "--tls-key",
+                        str(tmp_path / "no.key"), "--snapshot", DEMO], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--tls-cert" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_requester(capsys) -> None:
+    code, _, err = run(capsys, "explain", "-n", "vms", "--pod", "x", "--requester", "me", "--snapshot", DEMO)
+    assert code == 2 and "--requester" in err

@@ -1,0 +1,75 @@
+"""Settings: Go durations, validation that names the setting, the config file."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config import SettingsError, build_settings, load_config_file
+from app.timefmt import format_duration, parse_duration
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("15m", 900), ("1h30m", 5400), ("0", 0), ("48h", 172800), ("1.5h", 5400),
+                                           ("500ms", 0.5), ("-5m", -300)])
+def test_parse_duration(text, seconds) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "15", "15 minutes", "m", "1h 30m", "1d"])
+def test_parse_duration_rejects(text) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (45, "45s"), (300, "5m0s"), (900, "15m0s"), (172800, "48h0m0s"),
+                                           (3661, "1h1m1s"), (599.6, "10m0s")])
+def test_format_duration_like_go(seconds, text) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_defaults() -> None:
+    s = build_settings({})
+    assert (s.migration_cooldown, s.max_migration_cooldown, s.migration_history_window) == (900, 21600, 172800)
+    assert (s.cooldown_scope, s.pending_evacuations_per_node, s.evacuation_stale_after) == ("descheduler", 1, 3600)
+
+
+def test_zero_means_zero() -> None:
+    s = build_settings({"migrationCooldown": "0", "maxMigrationCooldown": 0, "pendingEvacuationsPerNode": 0})
+    assert (s.migration_cooldown, s.max_migration_cooldown, s.pending_evacuations_per_node) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("values, named", [
+    ({"migrationCooldown": "-5m"}, "migrationCooldown"),
+    ({"migrationHistoryWindow": "two days"}, "migrationHistoryWindow"),
+    ({"migrationCooldown": "1h", "maxMigrationCooldown": "30m"}, "maxMigrationCooldown"),
+    ({"cooldownScope": "everyone"}, "cooldownScope"),
+    ({"pendingEvacuationsPerNode": -1}, "pendingEvacuationsPerNode"),
+    ({"pendingEvacuationsPerNode": "many"}, "pendingEvacuationsPerNode"),
+    ({"deschedulerUsers": [1, 2]}, "deschedulerUsers"),
+    ({"evacuationStaleAfter": "-1s"}, "evacuationStaleAfter"),
+])
+def test_invalid_settings_name_the_setting(values, named) -> None:
+    with pytest.raises(SettingsError) as e:
+        build_settings(values)
+    assert str(e.value).startswith(named)
+
+
+def test_config_file(tmp_path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("migrationCooldown: 30m\ndeschedulerUsers: [a, b]\ncooldownScope: all\n")
+    s = build_settings(load_config_file(f))
+    assert s.migration_cooldown == 1800 and s.descheduler_users == {"a", "b"} and s.cooldown_scope == "all"
+
+
+@pytest.mark.parametrize("content, problem", [("migrationCooldown: [", "not valid YAML"), ("- a\n", "expected a mapping"),
+                                              ("cooldwnScope: all\n", "unknown setting(s): cooldwnScope")])
+def test_bad_config_file(tmp_path, content, problem) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(content)
+    with pytest.raises(SettingsError) as e:
+        load_config_file(f)
+    assert str(f) in str(e.value) and problem in str(e.value)
+
+
+def test_unreadable_config_file(tmp_path) -> None:
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_config_file(tmp_path / "missing.yaml")

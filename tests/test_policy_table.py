@@ -1,0 +1,180 @@
+"""The decision table of design.md, one row per situation, checkable line by line.
+
+Each row: the cluster objects, who evicts which pod, the settings, and the
+expected (allowed, reason, text in the message). Times are minutes before NOW.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from app.policy import CacheHealth, EvictionRequest, PolicySettings, decide
+from tests.builders import MIN, NOW, mstate, node, pod, store_of, vmi, vmim
+
+NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True)]
+P = "virt-launcher-db-abcde"  # the pod evicted in most rows: VMI "db"
+BG = 'Evacuation in progress: Eviction triggered evacuation of VMI "vms/db"'
+
+
+def desched(name: str = P, **kw) -> EvictionRequest:
+    return EvictionRequest("CREATE", "pods", "eviction", "vms", name, username="system:serviceaccount:kube-system:descheduler-sa",
+                           requested_by="sigs.k8s.io/descheduler", **kw)
+
+
+def user(name: str = P, username: str = "kubernetes-admin", **kw) -> EvictionRequest:
+    return EvictionRequest("CREATE", "pods", "eviction", "vms", name, username=username, **kw)
+
+
+@dataclass
+class Row:
+    id: str
+    objects: list
+    req: EvictionRequest
+    allowed: bool
+    reason: str
+    text: str = ""
+    settings: PolicySettings = field(default_factory=PolicySettings)
+    health: CacheHealth = field(default_factory=CacheHealth)
+
+
+DB = vmi("db", "worker-a")
+DB_POD = pod("db", "worker-a")
+RECENT = mstate("m1", "worker-b", "worker-a", start=7, end=5)  # ended 5 min ago after 2 min
+DB_RECENT = vmi("db", "worker-a", migration=RECENT)
+WEB_LEAVING = [vmi("web", "worker-a", evacuation="worker-a"), pod("web", "worker-a")]
+
+ROWS = [
+    # 1. not a CREATE of pods/eviction
+    Row("1 delete of a pod", [DB, DB_POD], EvictionRequest("DELETE", "pods", "", "vms", P), True, "not_an_eviction"),
+    Row("1 create of pods/binding", [DB, DB_POD], EvictionRequest("CREATE", "pods", "binding", "vms", P), True, "not_an_eviction"),
+    # 2. state not synced / stale: fail open
+    Row("2 not synced", [DB_RECENT, DB_POD], desched(), True, "cache_not_ready", "vmi",
+        health=CacheHealth(not_synced=frozenset({"vmi"}))),
+    Row("2 pods stale", [DB_RECENT, DB_POD], desched(), True, "cache_stale", health=CacheHealth(stale=frozenset({"pod"}))),
+    Row("2 vmims stale, would be in flight", [DB, DB_POD, vmim("m9", "db", "Running", 1)], desched(), True, "cache_stale",
+        "vmim", health=CacheHealth(stale=frozenset({"vmim"}))),
+    Row("2 nodes stale, descheduler", [DB_RECENT, DB_POD], desched(), True, "cache_stale", health=CacheHealth(stale=frozenset({"node"}))),
+    Row("2 nodes stale, not in scope: nodes not needed", [DB_RECENT, DB_POD], user(), True, "allowed",
+        health=CacheHealth(stale=frozenset({"node"}))),
+    # 3. not a VM pod
+    Row("3 pod unknown", [DB], desched(), True, "not_a_vm_pod"),
+    Row("3 not labelled virt-launcher", [DB_RECENT, pod("db", "worker-a", launcher=False)], desched(), True, "not_a_vm_pod"),
+    Row("3 no kubevirt.io/domain", [DB_RECENT, pod("db", "worker-a", domain=False)], desched(), True, "not_a_vm_pod"),
+    Row("3 phase Succeeded", [DB_RECENT, pod("db", "worker-a", phase="Succeeded")], desched(), True, "not_a_vm_pod"),
+    Row("3 phase Failed", [DB_RECENT, pod("db", "worker-a", phase="Failed")], desched(), True, "not_a_vm_pod"),
+    # 4. VMI unknown
+    Row("4 VMI unknown", [DB_POD], desched(), True, "vmi_not_found"),
+    # 5. migration target
+    Row("5 VMI runs on another node", [vmi("db", "worker-b"), DB_POD], user(), False, "migration_target",
+        'Eviction request for target Pod of VMI "vms/db"'),
+    Row("5 labelled with an unfinished VMIM", [DB, pod("db", "worker-a", job="m2"), vmim("m2", "db", "Scheduling", 1, uid="m2")],
+        user(), False, "migration_target"),
+    Row("5 labelled with a finished VMIM: not a target", [DB, pod("db", "worker-a", job="m1"),
+        vmim("m1", "db", "Succeeded", 600, mstate("m1", "worker-b", "worker-a", 599, 598))], desched(), True, "allowed"),
+    # 6. migration in flight
+    Row("6 VMI migrationState started, not ended", [vmi("db", "worker-a", migration=mstate("m3", "worker-a", "worker-b", 2)), DB_POD],
+        desched(), False, "migration_in_progress", BG + ": live migration from worker-a to worker-b started 2m0s ago"),
+    Row("6 in flight also blocks kubectl drain", [vmi("db", "worker-a", migration=mstate("m3", "worker-a", "worker-b", 2)), DB_POD],
+        user(), False, "migration_in_progress", BG),
+    Row("6 VMIM queued before migrationState shows it", [DB, DB_POD, vmim("m4", "db", "Scheduling", 1)], desched(), False,
+        "migration_in_progress", BG + ": migration vms/m4 is Scheduling"),
+    Row("6 VMIM with phase unset", [DB, DB_POD, vmim("m4", "db", "", 1)], desched(), False, "migration_in_progress", BG),
+    Row("6 unfinished VMIM older than the VMI is ignored", [vmi("db", "worker-a", created=30), DB_POD, vmim("m5", "db", "Running", 60)],
+        desched(), True, "allowed"),
+    # 7. marked for evacuation from this node
+    Row("7 evacuation pending", [vmi("db", "worker-a", evacuation="worker-a"), DB_POD], desched(), False, "evacuation_pending",
+        BG + ': VMI is marked for evacuation from node "worker-a"'),
+    Row("7 evacuation pending also blocks drains", [vmi("db", "worker-c", evacuation="worker-c"), pod("db", "worker-c")], user(),
+        False, "evacuation_pending"),
+    # 8. node budget
+    Row("8 another VM leaving the node", [DB, DB_POD, *WEB_LEAVING], desched(), False, "node_busy",
+        'node "worker-a" already has 1 VM(s) leaving (vms/web); retry after they finish'),
+    Row("8 leaving by migration in flight from the node", [DB, DB_POD, vmi("web", "worker-a", migration=mstate("w1", "worker-a", "worker-b", 3))],
+        desched(), False, "node_busy"),
+    Row("8 leaving by unfinished VMIM", [DB, DB_POD, vmi("web", "worker-a"), vmim("w2", "web", "Pending", 3)], desched(), False, "node_busy"),
+    Row("8 a VM leaving another node does not count", [DB, DB_POD, vmi("web", "worker-b", evacuation="worker-b")], desched(), True, "allowed"),
+    Row("8 not in scope: admin eviction", [DB, DB_POD, *WEB_LEAVING], user(), True, "allowed"),
+    Row("8 scope all: admin eviction held", [DB, DB_POD, *WEB_LEAVING], user(), False, "node_busy",
+        settings=PolicySettings(cooldown_scope="all")),
+    Row("8 budget 2, one leaving", [DB, DB_POD, *WEB_LEAVING], desched(), True, "allowed",
+        settings=PolicySettings(pending_evacuations_per_node=2)),
+    Row("8 budget 2, two leaving", [DB, DB_POD, *WEB_LEAVING, vmi("app", "worker-a", evacuation="worker-a")], desched(), False,
+        "node_busy", "2 VM(s) leaving (vms/app, vms/web)", settings=PolicySettings(pending_evacuations_per_node=2)),
+    Row("8 budget 0 disables the rule", [DB, DB_POD, *WEB_LEAVING], desched(), True, "allowed",
+        settings=PolicySettings(pending_evacuations_per_node=0)),
+    Row("8 stale leaver (failing for 90 min) does not count",
+        [DB, DB_POD, vmi("web", "worker-a", evacuation="worker-a"),
+         vmim("e1", "web", "Failed", 90, mstate("e1", "worker-a", "worker-b", 89, 80, failed=True), evacuation="worker-a"),
+         vmim("e2", "web", "Failed", 10, mstate("e2", "worker-a", "worker-b", 9, 5, failed=True), evacuation="worker-a")],
+        desched(), True, "allowed"),
+    Row("8 evacuation VMIMs before the last success belong to an earlier episode",
+        [DB, DB_POD, vmi("web", "worker-a", evacuation="worker-a"),
+         vmim("e1", "web", "Failed", 200, mstate("e1", "worker-a", "worker-b", 199, 190, failed=True), evacuation="worker-a"),
+         vmim("ok", "web", "Succeeded", 150, mstate("ok", "worker-b", "worker-a", 149, 140)),
+         vmim("e2", "web", "Failed", 20, mstate("e2", "worker-a", "worker-b", 19, 15, failed=True), evacuation="worker-a")],
+        desched(), False, "node_busy"),
+    Row("8 leaver of unknown age counts", [DB, DB_POD, *WEB_LEAVING], desched(), False, "node_busy",
+        settings=PolicySettings(evacuation_stale_after=60)),
+    Row("8 stale threshold applies to in-flight start", [DB, DB_POD, vmi("web", "worker-a", migration=mstate("w1", "worker-a", "worker-b", 3))],
+        desched(), True, "allowed", settings=PolicySettings(evacuation_stale_after=60)),
+    Row("8 drain exemption: cordoned node", [vmi("db", "worker-c"), pod("db", "worker-c"), vmi("web", "worker-c", evacuation="worker-c")],
+        desched(), True, "allowed", "cordoned"),
+    # 9. cooldown
+    Row("9 cooldown, exact text", [DB_RECENT, DB_POD], desched(), False, "cooldown",
+        'VMI "vms/db" is in migration cooldown: last migration finished 5m0s ago, cooldown 15m0s '
+        "(1 migration in the last 48h0m0s), retry in 10m0s"),
+    Row("9 not in scope: admin eviction", [DB_RECENT, DB_POD], user(), True, "allowed"),
+    Row("9 deschedulerUsers makes a user in scope", [DB_RECENT, DB_POD], user(username="system:serviceaccount:ops:rebalancer"),
+        False, "cooldown", settings=PolicySettings(descheduler_users=frozenset({"system:serviceaccount:ops:rebalancer"}))),
+    Row("9 cooldownScope all", [DB_RECENT, DB_POD], user(), False, "cooldown", settings=PolicySettings(cooldown_scope="all")),
+    Row("9 drain exemption: cordoned node", [vmi("db", "worker-c", migration=RECENT), pod("db", "worker-c")], desched(), True, "allowed"),
+    Row("9 cooldown over", [vmi("db", "worker-a", migration=mstate("m1", "worker-b", "worker-a", 22, 20)), DB_POD], desched(), True, "allowed"),
+    Row("9 cooldown 0 means no cooldown", [DB_RECENT, DB_POD], desched(), True, "allowed",
+        settings=PolicySettings(migration_cooldown=0, max_migration_cooldown=0)),
+    Row("9 failed migration counts", [vmi("db", "worker-a", migration=mstate("m1", "worker-a", "worker-b", 7, 5, failed=True)), DB_POD],
+        desched(), False, "cooldown"),
+    # 10. otherwise
+    Row("10 quiet VM", [DB, DB_POD], desched(), True, "allowed"),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_decision_table(row: Row) -> None:
+    d = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health)
+    assert (d.allowed, d.reason) == (row.allowed, row.reason), d.message
+    assert row.text in d.message
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if not r.allowed], ids=lambda r: r.id)
+def test_dry_run_gives_the_same_decision(row: Row) -> None:
+    wet = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health)
+    dry = decide(replace(row.req, dry_run=True), store_of(*NODES, *row.objects), NOW, row.settings, row.health)
+    assert (dry.allowed, dry.reason, dry.message) == (wet.allowed, wet.reason, wet.message)
+    assert dry.dry_run and not wet.dry_run
+
+
+def test_background_text_only_for_rules_6_and_7() -> None:
+    for row in ROWS:
+        d = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health)
+        has = "Eviction triggered evacuation" in d.message
+        assert has == (d.reason in ("migration_in_progress", "evacuation_pending")), row.id
+        assert d.background == has
+
+
+def test_cooldown_remaining_is_reported() -> None:
+    d = decide(desched(), store_of(*NODES, DB_RECENT, DB_POD), NOW, PolicySettings())
+    assert d.remaining == pytest.approx(10 * MIN)
+
+
+def test_pod_is_identified_by_request_name_not_vmi() -> None:
+    # the request names the pod; a pod with the VMI's name is not the one evicted
+    d = decide(desched("db"), store_of(*NODES, DB_RECENT, DB_POD), NOW, PolicySettings())
+    assert d.reason == "not_a_vm_pod"
+
+
+def test_mark_for_another_node_is_not_rule_7() -> None:
+    objs = [vmi("db", "worker-a", evacuation="worker-b"), DB_POD]
+    d = decide(desched(), store_of(*NODES, *objs), NOW, PolicySettings())
+    assert d.reason == "allowed"
