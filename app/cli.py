@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", required=True, metavar="FILE")
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    serve.add_argument("--request-timeout", default="10s", help="a request must arrive whole within this (slow clients)")
+    serve.add_argument("--idle-timeout", default="30s", help="close connections idle this long")
+    serve.add_argument("--graceful-timeout", default="20s", help="on SIGTERM, wait this long for in-flight requests")
+    serve.add_argument("--shutdown-drain", default="3s",
+                       help="on SIGTERM, report not ready and keep serving this long first (endpoint removal lag)")
     _source_flags(serve)
     _policy_flags(serve)
 

@@ -72,8 +72,10 @@ def service_names(service: str, namespace: str) -> list[str]:
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local", "localhost"]
 
 
-def issue_certs(service: str, namespace: str, days: int = 365, now: dt.datetime | None = None) -> IssuedCerts:
-    """A CA and a serving certificate for the Service (and localhost/127.0.0.1), ECDSA P-256."""
+def issue_certs(service: str, namespace: str, days: int = 365, now: dt.datetime | None = None,
+                client_auth: bool = False) -> IssuedCerts:
+    """A CA and a serving certificate for the Service (and localhost/127.0.0.1), ECDSA P-256.
+    ``client_auth`` also allows the certificate to authenticate a client (tests of ``--client-ca``)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     start = now - dt.timedelta(minutes=5)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -104,7 +106,8 @@ def issue_certs(service: str, namespace: str, days: int = 365, now: dt.datetime 
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]
+                                             + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth else [])), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )

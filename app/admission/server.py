@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from app.admission import review as rv
 from app.metrics import Metrics
@@ -81,6 +82,8 @@ def create_app(ctx: GuardContext) -> FastAPI:
             body = await _read_body(request, ctx.max_body_bytes)
         except BodyTooLarge:
             return error(413, f"request body larger than {ctx.max_body_bytes} bytes")
+        except ClientDisconnect:  # gone (or cut off for being too slow): nobody reads the answer
+            return Response(status_code=400)
         try:
             review = rv.decode(body)
         except rv.BadReview as e:
