@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean
+.PHONY: run test setup certs clean fuzz
 
 setup: $(STAMP)
 
@@ -32,6 +32,15 @@ run: $(STAMP) certs/tls.crt
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Optional: coverage-guided fuzzing with atheris (libFuzzer), 60 s per target; corpus seeded from the fixtures.
+fuzz: $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check 'atheris>=2.3'
+	@mkdir -p build/fuzz/admission build/fuzz/snapshot
+	cp ../shared/fixtures/admission/*.json build/fuzz/admission/ 2>/dev/null || true
+	cp examples/demo-snapshot.yaml build/fuzz/snapshot/
+	$(PY) fuzz/fuzz_targets.py admission -max_total_time=60 build/fuzz/admission
+	$(PY) fuzz/fuzz_targets.py snapshot -max_total_time=60 -max_len=65536 build/fuzz/snapshot
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
