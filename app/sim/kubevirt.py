@@ -367,7 +367,7 @@ class KubeVirt:
         m.phase, m.end, m.failed = ("Failed" if failed else "Succeeded"), now, failed
         self.finished.append(MigrationRun(
             vm=vmi.name, cause="descheduler" if m.priority == PRIORITY_DESCHEDULER else "drain",
-            created=m.created, start=m.start or now, end=now, source=source.name, target=target.name, failed=failed,
+            created=m.created, start=m.start if m.start is not None else now, end=now, source=source.name, target=target.name, failed=failed,
         ))
         if failed:
             self._delete_pod(m.target_pod)
@@ -401,7 +401,7 @@ class KubeVirt:
     def running_runs(self) -> list[MigrationRun]:
         return [
             MigrationRun(m.vmi.name, "descheduler" if m.priority == PRIORITY_DESCHEDULER else "drain", m.created,
-                         m.start or 0, None, m.source.name if m.source else "", m.target.name if m.target else "", False)
+                         m.start if m.start is not None else 0, None, m.source.name if m.source else "", m.target.name if m.target else "", False)
             for m in self.running
         ]
 

@@ -58,7 +58,8 @@ def run_scenario(scenario: Scenario, modes: list[str], hours: float | None = Non
     return result, runs, wall
 
 
-def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     try:
         modes = parse_modes(args.modes)
         if args.hours is not None and args.hours <= 0:
