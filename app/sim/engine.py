@@ -35,6 +35,7 @@ DRAIN_RETRY = 5  # kubectl drain retries a refused eviction every 5 s
 class Drain:
     node: str
     start: int
+    vms_at_start: int = 0
     done: int | None = None
     answers: Counter = field(default_factory=Counter)
 
@@ -212,7 +213,7 @@ class Simulation:
         elif e.kind == "drain":
             node = self.kv.node_by_name[e.node]
             self.kv.set_cordoned(node, True, now)
-            drain = Drain(node=e.node, start=now)
+            drain = Drain(node=e.node, start=now, vms_at_start=sum(1 for v in self.kv.vmis if v.node is node))
             self.data.drains.append(drain)
             self.drain_tick(now, drain, e)
 

@@ -8,8 +8,8 @@ from app.sim.engine import RunData
 
 REPEAT_WINDOW = 3600  # a VM moved again within an hour of its previous move
 REBALANCE_BASELINE = 3600  # spread before a load step is averaged over this long
-REBALANCE_MARGIN = 1.1  # rebalanced: max-min spread back within 110% of that average...
-REBALANCE_HOLD = 10  # ...for this many consecutive samples
+REBALANCE_MARGIN = 1.2  # rebalanced: the max-min spread, averaged over a window, back within 120% of that
+REBALANCE_WINDOW = 900  # the window (15 minutes: one sample is too noisy to call a cluster balanced)
 EVACUATION_ACCEPTED = "kubevirt_evacuation"  # the answer that starts a migration: not a refusal
 
 
@@ -40,26 +40,23 @@ def repeat_moves(runs, window: int = REPEAT_WINDOW) -> int:
 
 
 def time_to_rebalance(d: RunData, step: int) -> int | None:
-    """Seconds from a load step until the max-min CPU spread is back within 110% of
-    its mean over the hour before the step, held for 10 samples; None if never."""
+    """Seconds from a load step to the end of the first 15-minute window (wholly after
+    the step) whose mean max-min CPU spread is within 120% of the mean over the hour
+    before the step; None if that never happens in the run."""
     times, spread = d.sample_times, d.cpu_range
     before = [s for t, s in zip(times, spread) if step - REBALANCE_BASELINE <= t < step]
     if not before:
         return None
     limit = REBALANCE_MARGIN * mean(before)
-    run_start = None
-    held = 0
-    for t, s in zip(times, spread):
-        if t < step:
-            continue
-        if s <= limit:
-            if held == 0:
-                run_start = t
-            held += 1
-            if held >= REBALANCE_HOLD:
-                return run_start - step
-        else:
-            held = 0
+    after = [(t, s) for t, s in zip(times, spread) if t >= step]
+    per_window = max(1, REBALANCE_WINDOW // d.sample_interval)
+    total = 0.0
+    for i, (t, s) in enumerate(after):
+        total += s
+        if i >= per_window:
+            total -= after[i - per_window][1]
+        if i + 1 >= per_window and total / per_window <= limit:
+            return t - step
     return None
 
 
@@ -94,6 +91,7 @@ def summarize(d: RunData) -> dict:
         ],
         "drains": [
             {"node": dr.node, "start_s": dr.start, "seconds": None if dr.done is None else dr.done - dr.start,
+             "vms_at_start": dr.vms_at_start,
              "answers": dict(sorted(dr.answers.items()))}
             for dr in d.drains
         ],

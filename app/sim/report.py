@@ -27,6 +27,8 @@ SIMPLIFICATIONS = (
     "API calls, watches and controllers are instantaneous: the VMI mark and the pod's eviction-in-progress "
     "annotation appear at once, and the guard's store is always current (its cache is never stale).",
     "kubectl drain retries refused evictions every 5 s without a timeout; drained nodes leave the spread.",
+    "Time to rebalance: from a load step to the end of the first 15-minute window whose mean max-min CPU spread "
+    "is within 120% of that mode's mean over the hour before the step.",
     "A restarted descheduler finds pods still annotated eviction-in-progress; the plugin rebuilds its history "
     "from the Succeeded VMIMs KubeVirt keeps (5 per VMI).",
     "Time is whole seconds; object timestamps are truncated to the second, as the API server writes them.",
@@ -82,7 +84,8 @@ def table(result: dict) -> str:
         row(f"rebalanced after load step at {_hm(step['step_at_s'])}",
             lambda s, i=i: _fmt_s(s["rebalance_after_step_s"][i]["seconds"]))
     for i, drain in enumerate(result["modes"][modes[0]]["drains"]):
-        row(f"drain of {drain['node']} at {_hm(drain['start_s'])} took", lambda s, i=i: _fmt_s(s["drains"][i]["seconds"]))
+        row(f"drain of {drain['node']} at {_hm(drain['start_s'])} took (VMs on it)",
+            lambda s, i=i: f"{_fmt_s(s['drains'][i]['seconds'])} ({s['drains'][i]['vms_at_start']})")
     head = "| | " + " | ".join(modes) + " |\n|---|" + "---:|" * len(modes) + "\n"
     return head + "".join(f"| {label} | " + " | ".join(vals) + " |\n" for label, vals in rows)
 
@@ -206,7 +209,11 @@ HEADING = "## What the guard does to a cluster"
 def readme_section(results: list[dict], command: str) -> str:
     body = [
         BEGIN,
-        f"Produced by `{command}` (deterministic: same seed, same numbers). Each scenario runs the same workload",
+        "Regenerate with `make simulate` (deterministic: same seed, same numbers), which runs",
+        "",
+        f"    {command}",
+        "",
+        "Each scenario runs the same workload",
         "three times: `off` (descheduler and KubeVirt alone), `plugin` (the reference KubevirtMigrationAware",
         "evictor plugin, re-implemented), `guard` (this project's policy code, default settings unless the scenario",
         "sets them). Spread is the standard deviation (and max - min) of CPU utilisation across schedulable nodes,",

@@ -85,7 +85,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.readme:
         command = "kubevirt-eviction-guard simulate " + " ".join(
             f"--scenario {shlex.quote(p)}" for p in args.scenario
-        ) + (f" --hours {args.hours:g}" if args.hours else "") + (f" --seed {args.seed}" if args.seed is not None else "")
+        ) + (f" --hours {args.hours:g}" if args.hours else "") + (f" --seed {args.seed}" if args.seed is not None else "") + (
+            f" --out {shlex.quote(args.out)}" if args.out else "")
         update_readme(Path(args.readme), readme_section(results, command))
         out.write(f"updated {args.readme}\n")
     return 0
