@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz
+.PHONY: run test setup certs clean fuzz simulate
 
 setup: $(STAMP)
 
@@ -44,3 +44,15 @@ fuzz: $(STAMP)
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
+
+# The simulator's comparison of off / plugin / guard on the built-in scenarios, written into README.md.
+SCENARIOS = $(addprefix examples/scenarios/,reference-stress.yaml two-retry-loops.yaml mixed-sizes.yaml \
+            drain-during-rebalance.yaml)
+SIM_STAMP = $(VENV)/.sim-installed-stamp
+
+$(SIM_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,sim]'
+	@touch $(SIM_STAMP)
+
+simulate: $(SIM_STAMP)
+	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --out sim-out --readme README.md

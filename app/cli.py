@@ -1,4 +1,4 @@
-"""Command line: serve, explain, report, certs. Thin wiring; the judgement lives in policy."""
+"""Command line: serve, explain, report, certs, simulate. Thin wiring; the judgement lives in policy."""
 
 from __future__ import annotations
 
@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--namespace", required=True)
     certs.add_argument("--out", required=True, metavar="DIR")
     certs.add_argument("--days", type=int, default=365)
+
+    from app.sim.run import add_arguments as simulate_arguments
+
+    simulate = sub.add_parser("simulate", help="simulate KubeVirt and the descheduler with and without the guard")
+    simulate_arguments(simulate)
     return parser
 
 
@@ -122,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from app.inspect import report
 
             return report(args)
+        if args.command == "simulate":
+            from app.sim.run import main as simulate_main
+
+            return simulate_main(args)
         if args.command == "certs":
             from app.tls import issue_certs, write_certs
 

@@ -1,0 +1,243 @@
+"""The discrete-event loop: one simulated cluster, one guard mode, one seed.
+
+Time advances from event to event (load samples, descheduler cycles and
+sweeps, migration ends, retry timers, drain retries), never second by second,
+so a day of a 300-VM cluster is a few thousand events plus one pass over the
+VMs per load sample. All times are whole seconds; events at the same second run
+in a fixed order (samples, scenario events, KubeVirt, descheduler), then first
+scheduled first. Randomness comes from ``random.Random`` streams seeded from the
+scenario's seed and a stream name, so the same seed gives the same run, and the
+workload (load walks, placement) is identical in every mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from random import Random
+
+from app.cluster.store import ClusterStore
+from app.sim.descheduler import Descheduler, node_scores, pressure
+from app.sim.guards import Mode, make_mode
+from app.sim.kubevirt import KubeVirt, MigrationRun, Pod
+from app.sim.model import VM, Node
+from app.sim.scenario import Event, Scenario
+
+PRIO_SAMPLE, PRIO_EVENT, PRIO_KUBEVIRT, PRIO_DESCHEDULER = 0, 1, 2, 3
+DRAIN_RETRY = 5  # kubectl drain retries a refused eviction every 5 s
+
+
+@dataclass
+class Drain:
+    node: str
+    start: int
+    vms_at_start: int = 0
+    done: int | None = None
+    answers: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class RunData:
+    """Everything a run observed; ``metrics.summarize`` turns it into numbers."""
+
+    mode: str
+    duration: int
+    vm_count: int
+    sample_interval: int
+    step_times: list[int]
+    node_names: list[str]
+    runs: list[MigrationRun] = field(default_factory=list)
+    sample_times: list[int] = field(default_factory=list)
+    cpu_std: list[float] = field(default_factory=list)  # across schedulable nodes, fraction of capacity
+    cpu_range: list[float] = field(default_factory=list)
+    mem_std: list[float] = field(default_factory=list)
+    node_cpu: list[list[float]] = field(default_factory=list)  # per node, per sample
+    drains: list[Drain] = field(default_factory=list)
+    descheduler_outcomes: Counter = field(default_factory=Counter)
+    eviction_requests: int = 0
+    background_evictions: int = 0
+    descheduler_cycles: int = 0
+    active_cycles: int = 0
+    concurrent_evacuations: int = 0
+    policy_calls: int = 0
+
+
+def initial_placement(nodes: list[Node], vms: list[VM], rng: Random) -> list[int]:
+    """Where the VMs start: the scheduler's least-allocated node (memory requests) for
+    each VM, the VMs in a seeded random order so that load classes mix on nodes."""
+    order = list(range(len(vms)))
+    rng.shuffle(order)
+    used = [0.0] * len(nodes)
+    placement = [0] * len(vms)
+    for i in order:
+        vm = vms[i]
+        fits = [n for n in nodes if used[n.index] + vm.memory <= n.memory]
+        if not fits:
+            raise ValueError(f"VM {vm.name} ({vm.memory} GiB) fits on no node: the scenario's cluster is too small")
+        best = min(fits, key=lambda n: (used[n.index] / n.memory, n.index))
+        used[best.index] += vm.memory
+        placement[i] = best.index
+    return placement
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, mode: str, hours: float | None = None) -> None:
+        self.sc = scenario
+        self.duration = int((hours if hours is not None else scenario.hours) * 3600)
+        # each run gets its own copy: profiles carry random-walk state
+        self.nodes: list[Node] = copy.deepcopy(scenario.nodes)
+        self.vms: list[VM] = copy.deepcopy(scenario.vms)
+        seed = scenario.seed
+        self.load_rng = Random(f"{seed}:load")
+        self._queue: list = []
+        self._seq = 0
+        self.now = 0
+        self.store = ClusterStore()
+        placement = initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
+        self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{seed}:kubevirt"),
+                           self._kubevirt_schedule)
+        self.mode: Mode = make_mode(mode, self.kv, scenario.plugin, scenario.guard)
+        self.desched = Descheduler(scenario.descheduler, self.kv, self._descheduler_admit, self.mode.pre_filter,
+                                   Random(f"{seed}:descheduler"))
+        self.data = RunData(
+            mode=mode, duration=self.duration, vm_count=len(self.vms), sample_interval=scenario.sample_interval,
+            step_times=[t for t in scenario.step_times if t < self.duration], node_names=[n.name for n in self.nodes],
+            node_cpu=[[] for _ in self.nodes],
+        )
+
+    # ---- the event queue -----------------------------------------------------
+
+    def schedule(self, at: int, prio: int, fn: Callable, args: tuple = ()) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (at, prio, self._seq, fn, args))
+
+    def _kubevirt_schedule(self, at: int, fn: Callable, args: tuple) -> None:
+        self.schedule(at, PRIO_KUBEVIRT, fn, args)
+
+    def run(self) -> RunData:
+        ds = self.sc.descheduler
+        self.schedule(0, PRIO_SAMPLE, self.sample)
+        self.schedule(ds.first_run, PRIO_DESCHEDULER, self.descheduler_cycle)
+        self.schedule(ds.sweep_interval, PRIO_DESCHEDULER, self.descheduler_sweep)
+        for e in self.sc.events:
+            self.schedule(e.at, PRIO_EVENT, self.scenario_event, (e,))
+        queue, end = self._queue, self.duration
+        while queue and queue[0][0] <= end:
+            at, _, _, fn, args = heapq.heappop(queue)
+            self.now = at
+            fn(at, *args)
+        return self.finish()
+
+    def finish(self) -> RunData:
+        d = self.data
+        d.runs = list(self.kv.finished) + self.kv.running_runs()
+        d.descheduler_outcomes = Counter(self.desched.outcomes)
+        d.eviction_requests = self.desched.attempts
+        d.background_evictions = self.desched.background
+        d.descheduler_cycles = self.desched.cycles
+        d.active_cycles = self.desched.active_cycles
+        d.concurrent_evacuations = self.kv.concurrent_evacuations
+        d.policy_calls = self.mode.policy_calls
+        return d
+
+    # ---- recurring events ----------------------------------------------------
+
+    def sample(self, now: int) -> None:
+        """Load at this instant: node use (with migrations' extra load on both ends), the
+        profile's utilisation number per node, and the spread the metrics report."""
+        rng = self.load_rng
+        for vm in self.vms:
+            vm.cpu_load.tick(rng)
+            vm.memory_load.tick(rng)
+        n = len(self.nodes)
+        cpu = [0.0] * n
+        mem = [0.0] * n
+        for vmi in self.kv.vmis:
+            vm = vmi.vm
+            i = vmi.node.index
+            cpu[i] += vm.vcpus * vm.cpu_load.value(now)
+            mem[i] += vm.memory * vm.memory_load.value(now)
+        overhead = self.sc.kubevirt.migration_cpu_overhead
+        for m in self.kv.running:
+            if m.source is not None and m.target is not None:
+                cpu[m.source.index] += overhead
+                cpu[m.target.index] += overhead
+                mem[m.target.index] += m.vmi.vm.memory * m.vmi.vm.memory_load.value(now)
+        dims = []
+        cpu_use = []
+        for node in self.nodes:
+            cd = cpu[node.index] / node.cpu
+            md = mem[node.index] / node.memory
+            cu, mu = min(1.0, cd), min(1.0, md)
+            cpu_use.append(cu)
+            dims.append((cu, mu, pressure(cd), pressure(md)))
+        self.desched.scores = dict(zip(self.data.node_names, node_scores(dims)))
+        self._record(now, cpu_use, [d[1] for d in dims])
+        self.kv.try_start(now)  # pending migrations are retried every few seconds
+        if now + self.sc.sample_interval <= self.duration:
+            self.schedule(now + self.sc.sample_interval, PRIO_SAMPLE, self.sample)
+
+    def _record(self, now: int, cpu_use: list[float], mem_use: list[float]) -> None:
+        d = self.data
+        d.sample_times.append(now)
+        for i, u in enumerate(cpu_use):
+            d.node_cpu[i].append(u)
+        live = [i for i, node in enumerate(self.nodes) if not node.cordoned]
+        cu = [cpu_use[i] for i in live]
+        mu = [mem_use[i] for i in live]
+        d.cpu_std.append(_pstdev(cu))
+        d.cpu_range.append(max(cu) - min(cu) if cu else 0.0)
+        d.mem_std.append(_pstdev(mu))
+
+    def descheduler_cycle(self, now: int) -> None:
+        self.desched.cycle(now)
+        self.schedule(now + self.sc.descheduler.interval, PRIO_DESCHEDULER, self.descheduler_cycle)
+
+    def descheduler_sweep(self, now: int) -> None:
+        self.desched.sweep(now)
+        self.schedule(now + self.sc.descheduler.sweep_interval, PRIO_DESCHEDULER, self.descheduler_sweep)
+
+    def _descheduler_admit(self, pod: Pod, now: int):
+        return self.mode.admit(pod, now, from_descheduler=True)
+
+    # ---- scenario events -----------------------------------------------------
+
+    def scenario_event(self, now: int, e: Event) -> None:
+        if e.kind == "deschedulerRestart":
+            self.desched.restart()
+            self.mode.descheduler_restarted(now)
+        elif e.kind == "drain":
+            node = self.kv.node_by_name[e.node]
+            self.kv.set_cordoned(node, True, now)
+            drain = Drain(node=e.node, start=now, vms_at_start=sum(1 for v in self.kv.vmis if v.node is node))
+            self.data.drains.append(drain)
+            self.drain_tick(now, drain, e)
+
+    def drain_tick(self, now: int, drain: Drain, e: Event) -> None:
+        """``kubectl drain``: evict every pod left on the node, retry refusals every 5 s."""
+        pods = list(self.kv.pods_on[drain.node].values())
+        if not pods:
+            drain.done = now
+            if e.uncordon_after:
+                node = self.kv.node_by_name[drain.node]
+                self.schedule(now + e.uncordon_after, PRIO_EVENT, lambda t: self.kv.set_cordoned(node, False, t))
+            return
+        for pod in pods:
+            if pod.name in self.kv.pods:  # an earlier eviction in this pass may have changed things
+                drain.answers[self.mode.admit(pod, now, from_descheduler=False).reason] += 1
+        self.schedule(now + DRAIN_RETRY, PRIO_EVENT, self.drain_tick, (drain, e))
+
+
+def _pstdev(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+
+def simulate(scenario: Scenario, mode: str, hours: float | None = None) -> RunData:
+    return Simulation(scenario, mode, hours).run()
