@@ -7,7 +7,7 @@ from random import Random
 from app.sim.descheduler import Descheduler, classify, node_scores, pressure
 from app.sim.kubevirt import Answer
 from app.sim.scenario import DeschedulerSettings
-from sim_helpers import cluster
+from tests.sim_helpers import cluster
 
 
 def test_score_is_three_times_the_norm_of_positive_deviations_capped():

@@ -6,7 +6,7 @@ from app.cluster.records import vmi_from_object
 from app.policy.model import PolicySettings, Reason
 from app.sim.guards import Guard, Mode, Plugin
 from app.sim.kubevirt import NAMESPACE
-from sim_helpers import cluster
+from tests.sim_helpers import cluster
 
 SETTINGS = PolicySettings()
 

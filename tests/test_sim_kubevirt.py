@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.sim.kubevirt import NAMESPACE, KubeVirt, Migration, migration_duration, retry_backoff
-from sim_helpers import S, cluster
+from tests.sim_helpers import S, cluster
 
 
 def evict_vm(kv: KubeVirt, vm_index: int, now: int, from_descheduler: bool = True):
