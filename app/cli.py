@@ -37,6 +37,15 @@ def _source_flags(p: argparse.ArgumentParser, snapshot_required: bool = False) -
                    help="cluster state from a file (kubectl get vmi,vmim,pods,nodes -A -o yaml)")
 
 
+def _read_source_flags(p: argparse.ArgumentParser) -> None:
+    """explain/report: a snapshot file, or one list of the live cluster."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--snapshot", metavar="FILE",
+                     help="cluster state from a file (kubectl get vmi,vmim,pods,nodes -A -o yaml)")
+    src.add_argument("--kubeconfig", metavar="FILE",
+                     help="list the live cluster once through the API (default without --snapshot: in-cluster config)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubevirt-eviction-guard", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -51,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", required=True, metavar="FILE")
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    fx = serve.add_argument_group("side effects (Events, eviction-in-progress annotation)")
+    fx.add_argument("--event-interval", metavar="GO_DURATION", default="1m",
+                    help="at most one Event write per VMI and reason per interval (default 1m)")
+    fx.add_argument("--side-effect-queue", metavar="N", type=int, default=1000,
+                    help="bounded queue of pending side effects; the oldest is dropped when full")
+    fx.add_argument("--no-side-effects", action="store_true",
+                    help="log decisions only: no Events, no annotation")
     _source_flags(serve)
     _policy_flags(serve)
 
@@ -58,11 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--namespace", "-n", required=True)
     explain.add_argument("--pod", required=True)
     explain.add_argument("--requester", default="descheduler", help="descheduler | user:NAME")
-    _source_flags(explain, snapshot_required=True)
+    _read_source_flags(explain)
     _policy_flags(explain)
 
     report = sub.add_parser("report", help="every VMI's migration history and cooldown state")
-    _source_flags(report, snapshot_required=True)
+    _read_source_flags(report)
     _policy_flags(report)
 
     certs = sub.add_parser("certs", help="CA and serving certificate for a Service, and the caBundle")
@@ -92,9 +108,25 @@ def clock(args: argparse.Namespace):
 
 
 def load_store(args: argparse.Namespace) -> ClusterStore:
+    if not args.snapshot:
+        return list_live_store(args)
     store, stats = load_snapshot(args.snapshot)
     log.info("snapshot loaded", extra={"file": args.snapshot, **stats.loaded, "skipped_kinds": stats.skipped_kinds,
                                        "skipped_malformed": stats.skipped_malformed})
+    return store
+
+
+def list_live_store(args: argparse.Namespace) -> ClusterStore:
+    """One list of each kind through the API (``--kubeconfig`` or in-cluster)."""
+    from app.cluster.listing import ListError, list_store
+    from app.kubeclient import KubeConfigError, api_client
+
+    try:
+        with api_client(getattr(args, "kubeconfig", None)) as client:
+            store, stats = list_store(client)
+    except (KubeConfigError, ListError) as e:
+        raise UsageError(str(e)) from None
+    log.info("cluster listed", extra={**stats.loaded, "skipped_malformed": stats.skipped_malformed})
     return store
 
 
