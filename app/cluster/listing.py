@@ -63,6 +63,12 @@ def _pages(what: str, call: Callable[..., Any]) -> Iterator[dict]:
 
 
 def list_store(client: ApiClient) -> tuple[ClusterStore, SnapshotStats]:
+    store = ClusterStore()
+    return store, list_into(client, store)
+
+
+def list_into(client: ApiClient, store: ClusterStore) -> SnapshotStats:
+    """List every kind and replace it in ``store`` (one kind at a time, each atomically)."""
     core, custom = CoreV1Api(client), CustomObjectsApi(client)
     sources = (
         (VMI, vmi_from_object, "virtualmachineinstances.kubevirt.io",
@@ -73,7 +79,7 @@ def list_store(client: ApiClient) -> tuple[ClusterStore, SnapshotStats]:
          lambda **kw: core.list_pod_for_all_namespaces(label_selector=f"{LAUNCHER_LABEL}={LAUNCHER_VALUE}", **kw)),
         (NODE, node_from_object, "nodes", lambda **kw: core.list_node(**kw)),
     )
-    store, stats = ClusterStore(), SnapshotStats()
+    stats = SnapshotStats()
     for kind, parse, what, call in sources:
         records = []
         for item in _pages(what, call):
@@ -83,4 +89,4 @@ def list_store(client: ApiClient) -> tuple[ClusterStore, SnapshotStats]:
                 stats.skipped_malformed += 1
         store.replace(kind, records)
         stats.loaded[kind] = len(records)
-    return store, stats
+    return stats

@@ -7,7 +7,7 @@ import pytest
 
 from app.effects.queue import Backoff, EffectQueue, Retry
 from app.metrics import Metrics
-from effects_support import FakeClock
+from tests.effects.support import FakeClock
 
 
 class Job:
