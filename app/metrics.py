@@ -42,7 +42,7 @@ class Metrics:
         )
         self.side_effect_queue_depth = Gauge(PREFIX + "side_effect_queue_depth", "Side-effect jobs waiting", registry=r)
         self.events_rate_limited = Counter(
-            PREFIX + "events_rate_limited_total", "Denials folded into an existing Event's count instead of a new write",
+            PREFIX + "events_rate_limited_total", "Denials not written at once: held back by the per-VMI rate limit or folded into a pending write",
             ["reason"], registry=r,
         )
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)

@@ -141,9 +141,9 @@ class EventRecorder:
             s.message = event_message(review, decision)
             s.vmi_uid = vmi.uid or s.vmi_uid
             delay = 0.0 if s.last_write is None else max(0.0, s.last_write + self.interval - self.monotonic())
-        if delay > 0:
+        queued = self.queue.submit(FlushJob(self, key), delay)  # False: a flush for the series is waiting
+        if delay > 0 or not queued:
             self.metrics.events_rate_limited.labels(decision.reason).inc()
-        self.queue.submit(FlushJob(self, key), delay)  # no-op while a flush for the series is queued
 
     # ---- worker -------------------------------------------------------------------
 

@@ -151,11 +151,12 @@ class EffectQueue:
                 log.info("side-effect queue stopped with work pending", extra={"abandoned": abandoned})
             return abandoned
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until nothing is queued or running (tests and graceful shutdown)."""
+    def wait_idle(self, timeout: float, ready_only: bool = False) -> bool:
+        """Wait until nothing is queued or running (tests and graceful shutdown);
+        with ``ready_only``, jobs scheduled for later (held-back Events) do not count."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._heap or self._busy:
+            while self._busy or (self._heap and (not ready_only or self._heap[0].ready_at <= self.clock())):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -133,3 +133,47 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+
+# ---- a real HTTPS guard server ---------------------------------------------------------
+
+
+class GuardServer:
+    """The real app under uvicorn with real TLS, on 127.0.0.1, in a thread."""
+
+    def __init__(self, ctx, cert_dir) -> None:
+        import socket
+        import ssl
+        import threading
+
+        import uvicorn
+
+        from app.admission.server import create_app
+        from app.tls import issue_certs, write_certs
+
+        paths = write_certs(issue_certs("guard", "test"), cert_dir)
+        self.ca = str(paths["ca"])
+        self.tls = ssl.create_default_context(cafile=self.ca)  # for httpx.Client(verify=...)
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"https://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(create_app(ctx), ssl_certfile=str(paths["cert"]), ssl_keyfile=str(paths["key"]),
+                                log_config=None, access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def __enter__(self) -> "GuardServer":
+        import time
+
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("guard server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self._thread.join(10)
+        self._sock.close()
