@@ -23,7 +23,8 @@ def requester_request(namespace: str, pod: str, requester: str) -> EvictionReque
     raise UsageError(f"--requester: expected 'descheduler' or 'user:NAME', got {requester!r}")
 
 
-def explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up at call time: a default bound at import would pin a replaced stdout
     settings = policy_settings(args)
     now = clock(args)()
     store = load_store(args)
@@ -76,7 +77,8 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
       f" (budget {settings.pending_evacuations_per_node}, stale after {format_duration(settings.evacuation_stale_after)})\n")
 
 
-def report(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def report(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     settings = policy_settings(args)
     now = clock(args)()
     write_report(load_store(args), now, settings, out)
