@@ -37,13 +37,11 @@ def _source_flags(p: argparse.ArgumentParser, snapshot_required: bool = False) -
                    help="cluster state from a file (kubectl get vmi,vmim,pods,nodes -A -o yaml)")
 
 
-def _read_source_flags(p: argparse.ArgumentParser) -> None:
-    """explain/report: a snapshot file, or one list of the live cluster."""
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--snapshot", metavar="FILE",
-                     help="cluster state from a file (kubectl get vmi,vmim,pods,nodes -A -o yaml)")
-    src.add_argument("--kubeconfig", metavar="FILE",
-                     help="list the live cluster once through the API (default without --snapshot: in-cluster config)")
+def _kube_flags(p: argparse.ArgumentParser) -> None:
+    """How to reach a live cluster (used when --snapshot is not given)."""
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig for a live cluster (default: in-cluster config when running in a pod, else $KUBECONFIG)")
+    p.add_argument("--context", dest="kube_context", metavar="NAME", help="kubeconfig context (default: current)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,18 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bounded queue of pending side effects; the oldest is dropped when full")
     fx.add_argument("--no-side-effects", action="store_true",
                     help="log decisions only: no Events, no annotation")
+    serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
+                       help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
     _source_flags(serve)
+    _kube_flags(serve)
     _policy_flags(serve)
 
     explain = sub.add_parser("explain", help="the decision for one pod, with the reasoning")
     explain.add_argument("--namespace", "-n", required=True)
     explain.add_argument("--pod", required=True)
     explain.add_argument("--requester", default="descheduler", help="descheduler | user:NAME")
-    _read_source_flags(explain)
+    _source_flags(explain)
+    _kube_flags(explain)  # without --snapshot: one list of the live cluster
     _policy_flags(explain)
 
     report = sub.add_parser("report", help="every VMI's migration history and cooldown state")
-    _read_source_flags(report)
+    _source_flags(report)
+    _kube_flags(report)
     _policy_flags(report)
 
     certs = sub.add_parser("certs", help="CA and serving certificate for a Service, and the caBundle")
@@ -118,14 +121,14 @@ def load_store(args: argparse.Namespace) -> ClusterStore:
 
 def list_live_store(args: argparse.Namespace) -> ClusterStore:
     """One list of each kind through the API (``--kubeconfig`` or in-cluster)."""
+    from app.cluster.kube import api_client
     from app.cluster.listing import ListError, list_store
-    from app.kubeclient import KubeConfigError, api_client
 
-    try:
-        with api_client(getattr(args, "kubeconfig", None)) as client:
+    with api_client(getattr(args, "kubeconfig", None), getattr(args, "kube_context", None)) as client:
+        try:
             store, stats = list_store(client)
-    except (KubeConfigError, ListError) as e:
-        raise UsageError(str(e)) from None
+        except ListError as e:
+            raise UsageError(str(e)) from None
     log.info("cluster listed", extra={**stats.loaded, "skipped_malformed": stats.skipped_malformed})
     return store
 

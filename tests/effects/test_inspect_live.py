@@ -73,9 +73,3 @@ def test_unreachable_cluster_and_missing_kubeconfig_are_clear_errors(kubeconfig,
     assert code == 2 and "listing virtualmachineinstances.kubevirt.io" in err and "Traceback" not in err
 
 
-def test_snapshot_and_kubeconfig_are_alternatives(kubeconfig, capsys):
-    _, path = kubeconfig
-    with pytest.raises(SystemExit) as e:
-        cli.main(["report", "--kubeconfig", path, "--snapshot", "x.yaml"])
-    assert e.value.code == 2
-    assert "not allowed with argument" in capsys.readouterr().err
