@@ -27,13 +27,14 @@ from typing import Any
 
 from app.cluster.records import EVICTION_IN_PROGRESS, LauncherPod, VMIRecord
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
-from app.effects.queue import Retry
+from app.effects.queue import Later, Retry
 from app.policy.decide import is_vm_pod
 from app.policy.model import ClusterView, Decision
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 KIND = "annotation"
 APPLIED, NOT_NEEDED = "applied", "not_needed"
+STORE_WAITS = 2  # retries spent waiting for the store after a conflict before patching again
 
 
 def _pointer(key: str) -> str:
@@ -87,6 +88,7 @@ class AnnotateJob:
         self.name = name
         self.key = (KIND, namespace, name)
         self.conflicted_version = ""  # the resourceVersion a patch was refused at
+        self.waits = 0  # attempts spent waiting for the store to move past it
 
     def run(self) -> str:
         pod = self.view.pod(self.namespace, self.name)
@@ -96,13 +98,16 @@ class AnnotateJob:
             log.debug("annotation not needed", extra={"namespace": self.namespace, "pod": self.name, "why": reason})
             return NOT_NEEDED
         assert pod is not None and vmi is not None
-        if pod.resource_version == self.conflicted_version:
-            # The API server has a newer pod than the store: wait for the watch to catch up.
-            raise Retry(f"pod changed after resourceVersion {pod.resource_version}; waiting for the store")
+        if pod.resource_version == self.conflicted_version and self.waits < STORE_WAITS:
+            # The API server has a newer pod than the store: give the watch time to catch up.
+            # If it brings nothing new (the conflict was the API server's own), try again:
+            # the ``test`` op keeps a repeated patch from writing over anything.
+            self.waits += 1
+            raise Later(f"pod changed after resourceVersion {pod.resource_version}; waiting for the store")
         try:
             self.api.patch_pod(pod.namespace, pod.name, annotation_patch(pod))
         except Conflict:
-            self.conflicted_version = pod.resource_version
+            self.conflicted_version, self.waits = pod.resource_version, 0
             raise Retry(f"pod changed after resourceVersion {pod.resource_version}; re-checking from the store") from None
         except NotFound:
             return NOT_NEEDED

@@ -42,6 +42,10 @@ class Retry(Exception):
     """A transient failure: run the job again after a backoff."""
 
 
+class Later(Retry):
+    """Not a failure: the job is waiting for something (the store to catch up); run it again later."""
+
+
 class Job(Protocol):
     kind: str  # metric label: "annotation", "event"
     key: Hashable  # jobs with equal keys are not queued twice
@@ -211,7 +215,8 @@ class EffectQueue:
         try:
             outcome = job.run()
         except Retry as e:
-            self.metrics.side_effect_errors.labels(job.kind).inc()
+            if not isinstance(e, Later):
+                self.metrics.side_effect_errors.labels(job.kind).inc()
             if entry.attempt >= self.max_attempts:
                 self._give_up(job, entry.attempt, str(e))
                 return

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from app.effects.queue import Backoff, EffectQueue, Retry
+from app.effects.queue import Backoff, EffectQueue, Later, Retry
 from app.metrics import Metrics
 from tests.effects.support import FakeClock
 
@@ -145,3 +145,15 @@ def test_stop_reports_abandoned_work():
     q.start()
     q.submit(Job("x"), delay=3600)
     assert q.stop(timeout=2) == 1
+
+
+def test_waiting_is_retried_but_not_counted_as_an_error():
+    clock, m = FakeClock(), Metrics()
+    q = EffectQueue(m, backoff=Backoff(base=1, cap=1), clock=clock, rand=lambda: 1.0)
+    j = Job("waits", script=[Later("store behind")])
+    q.submit(j)
+    q.run_once()
+    clock.advance(1)
+    assert q.run_once() and j.runs == 2
+    assert sample(m, "side_effect_errors_total", kind="annotation") == 0
+    assert sample(m, "side_effects_total", kind="annotation", outcome="applied") == 1

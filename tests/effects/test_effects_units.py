@@ -93,6 +93,17 @@ def test_a_refused_patch_waits_for_the_store_to_see_the_new_pod_before_trying_ag
     assert api.of("patch_pod")[-1][3][0]["value"] == "101"
 
 
+def test_a_conflict_the_store_never_explains_is_retried_with_the_same_guard():
+    store, api = evacuating_store(rv_="100"), RecordingApi(errors=[Conflict("409")])
+    job = AnnotateJob(store, api, NS, POD)
+    for _ in range(3):  # the conflict, then two waits for the store
+        with pytest.raises(Retry):
+            job.run()
+    assert len(api.calls) == 1
+    assert job.run() == "applied"
+    assert [c[3][0]["value"] for c in api.of("patch_pod")] == ["100", "100"]
+
+
 def test_after_a_conflict_a_pod_that_now_has_the_annotation_is_left_alone():
     store, api = evacuating_store(rv_="100"), RecordingApi(errors=[Conflict("422")])
     job = AnnotateJob(store, api, NS, POD)
