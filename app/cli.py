@@ -37,6 +37,13 @@ def _source_flags(p: argparse.ArgumentParser, snapshot_required: bool = False) -
                    help="cluster state from a file (kubectl get vmi,vmim,pods,nodes -A -o yaml)")
 
 
+def _kube_flags(p: argparse.ArgumentParser) -> None:
+    """How to reach a live cluster (used when --snapshot is not given)."""
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig for a live cluster (default: in-cluster config when running in a pod, else $KUBECONFIG)")
+    p.add_argument("--context", dest="kube_context", metavar="NAME", help="kubeconfig context (default: current)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubevirt-eviction-guard", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -56,18 +63,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--graceful-timeout", default="20s", help="on SIGTERM, wait this long for in-flight requests")
     serve.add_argument("--shutdown-drain", default="3s",
                        help="on SIGTERM, report not ready and keep serving this long first (endpoint removal lag)")
+    fx = serve.add_argument_group("side effects (Events, eviction-in-progress annotation)")
+    fx.add_argument("--event-interval", metavar="GO_DURATION", default="1m",
+                    help="at most one Event write per VMI and reason per interval (default 1m)")
+    fx.add_argument("--side-effect-queue", metavar="N", type=int, default=1000,
+                    help="bounded queue of pending side effects; the oldest is dropped when full")
+    fx.add_argument("--no-side-effects", action="store_true",
+                    help="log decisions only: no Events, no annotation")
+    serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
+                       help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
     _source_flags(serve)
+    _kube_flags(serve)
     _policy_flags(serve)
 
     explain = sub.add_parser("explain", help="the decision for one pod, with the reasoning")
     explain.add_argument("--namespace", "-n", required=True)
     explain.add_argument("--pod", required=True)
     explain.add_argument("--requester", default="descheduler", help="descheduler | user:NAME")
-    _source_flags(explain, snapshot_required=True)
+    _source_flags(explain)
+    _kube_flags(explain)  # without --snapshot: one list of the live cluster
     _policy_flags(explain)
 
     report = sub.add_parser("report", help="every VMI's migration history and cooldown state")
-    _source_flags(report, snapshot_required=True)
+    _source_flags(report)
+    _kube_flags(report)
     _policy_flags(report)
 
     certs = sub.add_parser("certs", help="CA and serving certificate for a Service, and the caBundle")
@@ -102,9 +121,25 @@ def clock(args: argparse.Namespace):
 
 
 def load_store(args: argparse.Namespace) -> ClusterStore:
+    if not args.snapshot:
+        return list_live_store(args)
     store, stats = load_snapshot(args.snapshot)
     log.info("snapshot loaded", extra={"file": args.snapshot, **stats.loaded, "skipped_kinds": stats.skipped_kinds,
                                        "skipped_malformed": stats.skipped_malformed})
+    return store
+
+
+def list_live_store(args: argparse.Namespace) -> ClusterStore:
+    """One list of each kind through the API (``--kubeconfig`` or in-cluster)."""
+    from app.cluster.kube import api_client
+    from app.cluster.listing import ListError, list_store
+
+    with api_client(getattr(args, "kubeconfig", None), getattr(args, "kube_context", None)) as client:
+        try:
+            store, stats = list_store(client)
+        except ListError as e:
+            raise UsageError(str(e)) from None
+    log.info("cluster listed", extra={**stats.loaded, "skipped_malformed": stats.skipped_malformed})
     return store
 
 

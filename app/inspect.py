@@ -24,11 +24,12 @@ def requester_request(namespace: str, pod: str, requester: str) -> EvictionReque
 
 
 def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up at call time: a default bound at import would pin a replaced stdout
     settings = policy_settings(args)
     now = clock(args)()
     store = load_store(args)
     req = requester_request(args.namespace, args.pod, args.requester)
-    write_explanation(req, store, now, settings, out or sys.stdout)
+    write_explanation(req, store, now, settings, out)
     return 0
 
 
@@ -77,9 +78,10 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
 
 
 def report(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     settings = policy_settings(args)
     now = clock(args)()
-    write_report(load_store(args), now, settings, out or sys.stdout)
+    write_report(load_store(args), now, settings, out)
     return 0
 
 

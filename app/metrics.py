@@ -30,7 +30,21 @@ class Metrics:
         self.cache_objects = Gauge(PREFIX + "cache_objects", "Objects in the cluster cache", ["kind"], registry=r)
         self.cache_synced = Gauge(PREFIX + "cache_synced", "1 when the kind has been listed", ["kind"], registry=r)
         self.watch_restarts = Counter(PREFIX + "watch_restarts_total", "Watch restarts", ["kind", "cause"], registry=r)
-        self.side_effect_errors = Counter(PREFIX + "side_effect_errors_total", "Failed side effects", ["kind"], registry=r)
+        self.side_effect_errors = Counter(
+            PREFIX + "side_effect_errors_total", "Failed side-effect API calls (each attempt, retried or not)", ["kind"],
+            registry=r,
+        )
+        # side effects (app/effects): outcome is applied | not_needed | failed; kind is annotation | event
+        self.side_effects = Counter(PREFIX + "side_effects_total", "Side-effect jobs run, by outcome", ["kind", "outcome"],
+                                    registry=r)
+        self.side_effects_dropped = Counter(
+            PREFIX + "side_effects_dropped_total", "Side-effect jobs dropped because the queue was full", ["kind"], registry=r
+        )
+        self.side_effect_queue_depth = Gauge(PREFIX + "side_effect_queue_depth", "Side-effect jobs waiting", registry=r)
+        self.events_rate_limited = Counter(
+            PREFIX + "events_rate_limited_total", "Denials not written at once: held back by the per-VMI rate limit or folded into a pending write",
+            ["reason"], registry=r,
+        )
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
 
     def render(self) -> tuple[bytes, str]:

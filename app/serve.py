@@ -11,13 +11,19 @@ import threading
 
 import uvicorn
 
-from app.admission.server import GuardContext, create_app, log_decision
+from app.admission.server import GuardContext, create_app
 from app.cli import UsageError, clock, load_store, policy_settings
 from app.admission import protocol
+from app.cluster.informer import ClusterWatch
+from app.config import SettingsError, load_config_file
+from app.effects import Effects, KubeEffectsApi, LogOnlyApi
+from app.metrics import Metrics
+from app.policy.model import ClusterView
 from app.timefmt import parse_duration
 from app.tls import server_context
 
 log = logging.getLogger("kubevirt_eviction_guard")
+DEFAULT_STALE_AFTER = "2m"
 
 
 class GuardServer(uvicorn.Server):
@@ -56,15 +62,53 @@ class GuardServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def build_context(args: argparse.Namespace) -> GuardContext:
+
+def stale_after(args: argparse.Namespace) -> float:
+    """``--stale-after`` (or ``staleAfter`` in ``--config``): a positive Go duration, in seconds."""
+    raw, name = getattr(args, "stale_after", None), "--stale-after"
+    if raw is None and getattr(args, "config", None):
+        raw, name = load_config_file(args.config).get("staleAfter"), "staleAfter"
+    if raw is None:
+        raw = DEFAULT_STALE_AFTER
+    try:
+        seconds = parse_duration(str(raw))
+    except ValueError as e:
+        raise SettingsError(f"{name}: {e}") from None
+    if seconds <= 0:
+        raise SettingsError(f"{name}: must be a positive duration, got {raw!r}")
+    return seconds
+
+
+def live_cluster(args: argparse.Namespace, metrics: Metrics) -> ClusterWatch:
+    """Watches on the cluster from --kubeconfig / in-cluster config (not started yet)."""
+    from app.cluster.kube import api_client
+
+    return ClusterWatch(api_client(args.kubeconfig, getattr(args, "kube_context", None)), metrics=metrics,
+                        stale_after=stale_after(args))
+
+
+def build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None) -> GuardContext:
     settings = policy_settings(args)
-    if not args.snapshot:
-        raise UsageError("serve: --snapshot FILE is required until live cluster watches are configured")
-    store = load_store(args)
+    limit = stale_after(args)  # validated in every mode: a bad flag is a bad flag
     if args.max_body_bytes <= 0:
         raise UsageError(f"--max-body-bytes: must be positive, got {args.max_body_bytes}")
+    if cluster is not None:
+        cluster.board.stale_after = limit
+        metrics = cluster.metrics or Metrics()
+        effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
+        return GuardContext(
+            view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
+            metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
+            max_body_bytes=args.max_body_bytes, effects=effects,
+        )
+    if not args.snapshot:
+        raise UsageError("serve: give --snapshot FILE, or a cluster to watch (--kubeconfig FILE, or run in a pod)")
+    store = load_store(args)
+    metrics = Metrics()
+    effects = build_effects(args, store, metrics, api_client=None)  # snapshot: no API server, log what it would write
     return GuardContext(
-        view=store, settings=settings, clock=clock(args), on_decision=log_decision, max_body_bytes=args.max_body_bytes
+        view=store, settings=settings, clock=clock(args), metrics=metrics, on_decision=effects.on_decision,
+        max_body_bytes=args.max_body_bytes, effects=effects,
     )
 
 
@@ -74,6 +118,30 @@ def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def effects_client(args: argparse.Namespace):
+    """The side effects' own ApiClient (its own connection pool: the watches hold theirs open)."""
+    from app.cluster.kube import api_client
+
+    return api_client(args.kubeconfig, getattr(args, "kube_context", None), pool_size=2)
+
+
+def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics, api_client=None) -> Effects:
+    """Side effects write through ``api_client`` in live mode. Without an API server
+    (snapshot mode) they run the same pipeline and log what they would write."""
+    try:
+        interval = parse_duration(args.event_interval)
+    except ValueError as e:
+        raise SettingsError(f"--event-interval: {e}") from None
+    if interval < 0:
+        raise SettingsError(f"--event-interval: must not be negative, got {args.event_interval}")
+    if args.side_effect_queue < 1:
+        raise UsageError(f"--side-effect-queue: must be positive, got {args.side_effect_queue}")
+    api = KubeEffectsApi(api_client) if api_client is not None else LogOnlyApi()
+    on = not args.no_side_effects
+    return Effects(view, api, metrics, queue_capacity=args.side_effect_queue, event_interval=interval,
+                   annotate=on, events=on)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -89,7 +157,9 @@ def serve(args: argparse.Namespace) -> int:
         setattr(args, flag, value)
     protocol.GuardHttpProtocol.request_timeout = args.request_timeout
     raise_fd_limit()
-    ctx = build_context(args)
+    policy_settings(args), stale_after(args)  # refuse bad settings before touching the cluster
+    cluster = None if args.snapshot else live_cluster(args, Metrics())
+    ctx = build_context(args, cluster)
     config = uvicorn.Config(
         create_app(ctx),
         host=args.host,
@@ -106,6 +176,17 @@ def serve(args: argparse.Namespace) -> int:
     )
     config.load()
     config.ssl = ssl_ctx  # ours: TLS 1.2 minimum, optional client-certificate verification
-    log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings)})
-    GuardServer(config, ctx, args.shutdown_drain).run()
+    log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings),
+                               "source": args.snapshot or "live cluster"})
+    if cluster is not None:
+        cluster.start()
+    if ctx.effects is not None:
+        ctx.effects.start()
+    try:
+        GuardServer(config, ctx, args.shutdown_drain).run()
+    finally:
+        if ctx.effects is not None:
+            ctx.effects.stop()
+        if cluster is not None:
+            cluster.stop()
     return 0

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -39,6 +40,7 @@ class GuardContext:
     clock: Callable[[], float] = time.time
     metrics: Metrics = field(default_factory=Metrics)
     on_decision: Callable[[rv.Review, Decision], None] | None = None
+    effects: Any = None  # app.effects.Effects: started and stopped with the server
     max_body_bytes: int = DEFAULT_MAX_BODY
     shutting_down: bool = False
 
@@ -140,24 +142,3 @@ def create_app(ctx: GuardContext) -> FastAPI:
 
     return app
 
-
-def log_decision(review: rv.Review, decision: Decision) -> None:
-    """One structured line per decision: who asked, what was decided, why. No bodies, no tokens."""
-    ev = review.eviction
-    fields = {
-        "uid": review.uid,
-        "namespace": ev.namespace,
-        "pod": ev.name,
-        "vmi": decision.vmi.name if decision.vmi else None,
-        "node": decision.node or None,
-        "requester": ev.requested_by or ev.username,
-        "decision": "allowed" if decision.allowed else "denied",
-        "reason": decision.reason,
-        "dry_run": ev.dry_run,
-    }
-    cd = decision.cooldown
-    if cd is not None:
-        fields.update(cooldown_s=int(cd.cooldown), migrations_in_window=cd.count)  # type: ignore[attr-defined]
-    if decision.remaining is not None:
-        fields["remaining_s"] = int(decision.remaining)
-    log.info(decision.message, extra=fields)

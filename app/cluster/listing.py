@@ -1,0 +1,92 @@
+"""Cluster state from one list of each kind through the API (``report``/``explain --kubeconfig``).
+
+A one-shot read for humans at a terminal: list VMIs, VMIMs, virt-launcher pods
+and nodes once, page by page (``limit``/``continue``), project every item into
+its record, and hand back a ``ClusterStore``. The long-running guard keeps its
+store current with watches instead; this module only lists.
+
+Items come back as raw JSON (``_preload_content=False``) and are parsed with
+orjson: the records need a dozen fields of each object, and building the
+client's model classes for 30 KB VMIs would be most of the cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+
+from app.cluster.records import (
+    LAUNCHER_LABEL,
+    LAUNCHER_VALUE,
+    RecordError,
+    migration_from_object,
+    node_from_object,
+    pod_from_object,
+    vmi_from_object,
+)
+from app.cluster.snapshot import SnapshotStats
+from app.cluster.store import NODE, POD, VMI, VMIM, ClusterStore
+
+PAGE = 500
+TIMEOUT = (5.0, 60.0)
+KUBEVIRT = ("kubevirt.io", "v1")
+
+
+class ListError(RuntimeError):
+    """The API server could not be listed; the text names the resource and the error."""
+
+
+def _pages(what: str, call: Callable[..., Any]) -> Iterator[dict]:
+    token = None
+    while True:
+        try:
+            resp = call(limit=PAGE, _continue=token, _preload_content=False, _request_timeout=TIMEOUT)
+            doc = orjson.loads(resp.read())
+            resp.release_conn()
+        except ApiException as e:
+            raise ListError(f"listing {what}: {e.status} {e.reason}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ListError(f"listing {what}: {type(e).__name__}: {e}") from None
+        except orjson.JSONDecodeError as e:
+            raise ListError(f"listing {what}: response is not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise ListError(f"listing {what}: response is not a List")
+        yield from doc.get("items") or ()
+        token = (doc.get("metadata") or {}).get("continue")
+        if not token:
+            return
+
+
+def list_store(client: ApiClient) -> tuple[ClusterStore, SnapshotStats]:
+    store = ClusterStore()
+    return store, list_into(client, store)
+
+
+def list_into(client: ApiClient, store: ClusterStore) -> SnapshotStats:
+    """List every kind and replace it in ``store`` (one kind at a time, each atomically)."""
+    core, custom = CoreV1Api(client), CustomObjectsApi(client)
+    sources = (
+        (VMI, vmi_from_object, "virtualmachineinstances.kubevirt.io",
+         lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT, "virtualmachineinstances", **kw)),
+        (VMIM, migration_from_object, "virtualmachineinstancemigrations.kubevirt.io",
+         lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT, "virtualmachineinstancemigrations", **kw)),
+        (POD, pod_from_object, "pods",
+         lambda **kw: core.list_pod_for_all_namespaces(label_selector=f"{LAUNCHER_LABEL}={LAUNCHER_VALUE}", **kw)),
+        (NODE, node_from_object, "nodes", lambda **kw: core.list_node(**kw)),
+    )
+    stats = SnapshotStats()
+    for kind, parse, what, call in sources:
+        records = []
+        for item in _pages(what, call):
+            try:
+                records.append(parse(item))
+            except RecordError:
+                stats.skipped_malformed += 1
+        store.replace(kind, records)
+        stats.loaded[kind] = len(records)
+    return stats

@@ -1,0 +1,68 @@
+"""What a decision causes besides the answer: a log line, an Event, the annotation.
+
+``Effects.on_decision`` is the admission server's hook. It runs on the request
+path, so it only logs and queues: the API writes happen on the background
+queue (``queue.py``), re-checked against the store when they run, and neither
+their failures nor their latency can reach the admission answer.
+
+Dry-run evictions get the log line and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from app.admission.review import Review
+from app.effects.annotate import AnnotateJob, wanted
+from app.effects.decision_log import log_decision
+from app.effects.events import DEFAULT_INTERVAL, EventRecorder
+from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
+from app.effects.queue import Backoff, EffectQueue
+from app.metrics import Metrics
+from app.policy.model import ClusterView, Decision
+
+log = logging.getLogger("kubevirt_eviction_guard.effects")
+
+__all__ = ["Effects", "EffectsApi", "KubeEffectsApi", "LogOnlyApi", "log_decision"]
+
+
+class Effects:
+    def __init__(
+        self,
+        view: ClusterView,
+        api: EffectsApi,
+        metrics: Metrics,
+        *,
+        queue_capacity: int = 1000,
+        max_attempts: int = 5,
+        backoff: Backoff = Backoff(),
+        event_interval: float = DEFAULT_INTERVAL,
+        annotate: bool = True,
+        events: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.view = view
+        self.api = api
+        self.queue = EffectQueue(metrics, capacity=queue_capacity, max_attempts=max_attempts, backoff=backoff)
+        self.events = EventRecorder(api, self.queue, metrics, interval=event_interval, clock=clock) if events else None
+        self.annotate = annotate
+
+    def start(self) -> Effects:
+        self.queue.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.queue.stop(timeout)
+
+    def on_decision(self, review: Review, decision: Decision) -> None:
+        """The server's hook: log, then queue the side effects (never wait for them)."""
+        log_decision(review, decision)
+        if decision.dry_run or review.eviction.dry_run or decision.allowed:
+            return
+        if self.events is not None:
+            self.events.record(review, decision)
+        if self.annotate and wanted(decision):
+            ev = review.eviction
+            self.queue.submit(AnnotateJob(self.view, self.api, ev.namespace, ev.name))

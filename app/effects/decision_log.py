@@ -1,0 +1,48 @@
+"""One structured log line per decision: who asked, what was decided, why.
+
+The fields are the ones an operator filters on (uid to match the API server's
+audit log, namespace/pod/VMI/node to find the VM, requester to find the
+caller, reason and the cooldown numbers to understand the answer). Never the
+request body, never anything from the user's credentials beyond the username.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from app.admission.review import Review
+from app.policy.model import Decision
+
+log = logging.getLogger("kubevirt_eviction_guard.decision")
+
+
+def decision_fields(review: Review, decision: Decision) -> dict[str, Any]:
+    ev = review.eviction
+    fields: dict[str, Any] = {
+        "uid": review.uid,
+        "namespace": ev.namespace,
+        "pod": ev.name,
+        "vmi": decision.vmi.name if decision.vmi else None,
+        "node": decision.node or None,
+        "requester": ev.requested_by or ev.username or None,
+        "user": ev.username or None,
+        "decision": "allowed" if decision.allowed else "denied",
+        "reason": decision.reason,
+        "dry_run": decision.dry_run or ev.dry_run,
+    }
+    if ev.eviction_reason:
+        fields["eviction_reason"] = ev.eviction_reason[:200]
+    cd = decision.cooldown
+    if cd is not None:
+        fields["cooldown_s"] = int(round(cd.cooldown))  # type: ignore[attr-defined]
+        fields["migrations_in_window"] = cd.count  # type: ignore[attr-defined]
+    if decision.remaining is not None:
+        fields["remaining_s"] = int(round(decision.remaining))
+    if decision.leaving:
+        fields["leaving"] = ",".join(decision.leaving)
+    return fields
+
+
+def log_decision(review: Review, decision: Decision) -> None:
+    log.info(decision.message, extra=decision_fields(review, decision))

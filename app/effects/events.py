@@ -1,0 +1,218 @@
+"""``EvictionBlocked`` Events on the VMI, rate-limited and aggregated.
+
+Every denial is an Event on the VMI (type Warning, reason ``EvictionBlocked``)
+saying what was decided and who asked, because ``kubectl describe vmi`` is
+where an admin looks when a VM did not move.
+
+A descheduler loop asks about the same VM every few minutes, and a drain
+retries every few seconds. One Event object per (VMI, decision reason) series
+absorbs them: the first denial creates it, later ones bump its ``count`` and
+``lastTimestamp`` (and refresh the message), as client-go's EventCorrelator
+does, and at most one API write per series per ``interval`` (default one
+minute) reaches the API server. Denials in between are counted in memory and
+written by the next flush, which is scheduled on the queue for the moment the
+interval ends, so the count is right even when the loop stops.
+
+API choice: core/v1 Events with ``count``/``firstTimestamp``/``lastTimestamp``.
+``kubectl describe`` and ``kubectl get events`` of every version print these
+fields ("x5 over 10m"), the API server validates core/v1 Events leniently, and
+the aggregation is one merge patch of three fields. events.k8s.io/v1 would need
+the ``series`` protocol (a series only from the second occurrence, with its own
+heartbeat rules) for the same result on the same storage.
+
+State is bounded: at most ``max_series`` series are remembered (least recently
+used evicted); a forgotten series simply starts a new Event. If the Event
+expired (the API server's event TTL, 1h by default), the patch gets a 404 and
+the flush creates a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.admission.review import Review
+from app.effects.kubeapi import EffectsApi, NotFound
+from app.effects.queue import EffectQueue
+from app.metrics import Metrics
+from app.policy.model import Decision
+from app.timefmt import format_timestamp
+
+log = logging.getLogger("kubevirt_eviction_guard.effects")
+KIND = "event"
+EVENT_REASON = "EvictionBlocked"
+COMPONENT = "kubevirt-eviction-guard"
+MAX_MESSAGE = 1024  # events.k8s.io's limit; core/v1 has none, etcd does
+MAX_EVICTION_REASON = 200
+DEFAULT_INTERVAL = 60.0
+DEFAULT_MAX_SERIES = 4096
+
+
+def requester_text(review: Review) -> str:
+    """Who asked, from the request: user, requested-by, and the descheduler's reason."""
+    ev = review.eviction
+    parts = []
+    if ev.requested_by:
+        parts.append(ev.requested_by)
+    if ev.username and ev.username != ev.requested_by:
+        parts.append(f"as {ev.username}" if parts else ev.username)
+    who = " ".join(parts) or "unknown requester"
+    if ev.eviction_reason:
+        why = ev.eviction_reason
+        if len(why) > MAX_EVICTION_REASON:
+            why = why[: MAX_EVICTION_REASON - 3] + "..."
+        who += f" ({why})"
+    return who
+
+
+def event_message(review: Review, decision: Decision) -> str:
+    text = (f"Eviction of pod {review.eviction.name} denied ({decision.reason}): {decision.message}; "
+            f"requested by {requester_text(review)}")
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+@dataclass
+class Series:
+    """One Event object's worth of denials: same VMI, same decision reason."""
+
+    namespace: str
+    vmi_name: str
+    vmi_uid: str
+    reason: str  # decision reason label: the rate-limit key, not the Event's reason
+    message: str = ""
+    first: float = 0.0  # wall time of the first occurrence not yet in an Event
+    last: float = 0.0  # wall time of the latest occurrence
+    pending: int = 0  # occurrences not written yet
+    written: int = 0  # count the Event in the API server has
+    event_name: str = ""  # "" until created
+    last_write: float | None = None  # monotonic time of the last write attempt
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        api: EffectsApi,
+        queue: EffectQueue,
+        metrics: Metrics,
+        interval: float = DEFAULT_INTERVAL,
+        max_series: int = DEFAULT_MAX_SERIES,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        instance: str = "",
+    ) -> None:
+        self.api = api
+        self.queue = queue
+        self.metrics = metrics
+        self.interval = interval
+        self.max_series = max_series
+        self.clock = clock
+        self.monotonic = monotonic
+        self.instance = instance or os.environ.get("HOSTNAME", "") or COMPONENT
+        self._series: OrderedDict[tuple[str, str, str], Series] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # ---- request path -------------------------------------------------------------
+
+    def record(self, review: Review, decision: Decision) -> None:
+        """Count one denial and make sure a flush is queued; never blocks on I/O."""
+        vmi = decision.vmi
+        if vmi is None:
+            return
+        key = (vmi.namespace, vmi.name, decision.reason)
+        now = self.clock()
+        with self._lock:
+            s = self._series.get(key)
+            if s is None:
+                s = self._series[key] = Series(vmi.namespace, vmi.name, vmi.uid, decision.reason)
+                while len(self._series) > self.max_series:
+                    self._series.popitem(last=False)
+            else:
+                self._series.move_to_end(key)
+            if s.pending == 0:
+                s.first = now
+            s.pending += 1
+            s.last = now
+            s.message = event_message(review, decision)
+            s.vmi_uid = vmi.uid or s.vmi_uid
+            delay = 0.0 if s.last_write is None else max(0.0, s.last_write + self.interval - self.monotonic())
+        queued = self.queue.submit(FlushJob(self, key), delay)  # False: a flush for the series is waiting
+        if delay > 0 or not queued:
+            self.metrics.events_rate_limited.labels(decision.reason).inc()
+
+    # ---- worker -------------------------------------------------------------------
+
+    def flush(self, key: tuple[str, str, str]) -> str:
+        with self._lock:
+            s = self._series.get(key)
+            if s is None or s.pending == 0:
+                return "not_needed"
+            taken, first, last, message = s.pending, s.first, s.last, s.message
+            name, written, previous_write = s.event_name, s.written, s.last_write
+            s.pending = 0
+            s.last_write = self.monotonic()  # the rate limit runs from the attempt
+        try:
+            name, written = self._write(s, name, written, taken, first, last, message)
+        except Exception:
+            with self._lock:  # nothing was written: put the occurrences back for the retry
+                s.pending += taken
+                s.first = first  # older than any occurrence recorded meanwhile
+                s.last_write = previous_write
+            raise
+        with self._lock:
+            s.event_name, s.written = name, written
+        return "applied"
+
+    def _write(self, s: Series, name: str, written: int, taken: int, first: float, last: float,
+               message: str) -> tuple[str, int]:
+        if name:
+            patch = {"count": written + taken, "lastTimestamp": format_timestamp(last), "message": message}
+            try:
+                self.api.patch_event(s.namespace, name, patch)
+                return name, written + taken
+            except NotFound:
+                pass  # expired (event TTL): start a new Event
+        name = f"{s.vmi_name}.{time.time_ns():x}"
+        self.api.create_event(s.namespace, self._event(s, name, taken, first, last, message))
+        return name, taken
+
+    def _event(self, s: Series, name: str, count: int, first: float, last: float, message: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": s.namespace},
+            "involvedObject": {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "namespace": s.namespace,
+                "name": s.vmi_name,
+                "uid": s.vmi_uid,
+            },
+            "reason": EVENT_REASON,
+            "message": message,
+            "type": "Warning",
+            "count": count,
+            "firstTimestamp": format_timestamp(first),
+            "lastTimestamp": format_timestamp(last),
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+        }
+
+
+class FlushJob:
+    kind = KIND
+
+    def __init__(self, recorder: EventRecorder, key: tuple[str, str, str]) -> None:
+        self.recorder = recorder
+        self.key = (KIND, *key)
+        self._series_key = key
+
+    def run(self) -> str:
+        return self.recorder.flush(self._series_key)
+

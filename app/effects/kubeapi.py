@@ -1,0 +1,116 @@
+"""The three API writes side effects make, and how their failures are classified.
+
+``KubeEffectsApi`` speaks to a real API server with the ``kubernetes`` client;
+``LogOnlyApi`` stands in when there is none (snapshot mode) and logs what it
+would have written, so the whole pipeline (re-check, rate limit, aggregation)
+still runs and can be watched in ``make run``.
+
+Failures map to what the caller can do about them:
+- ``Conflict`` (409, 422): the object changed under us (a failed JSON-patch
+  ``test`` is a 422). Re-read the store; never retry the same write blindly.
+- ``NotFound`` (404): the object is gone (a pod deleted, an Event expired).
+- ``TransientApiError`` (connection errors, timeouts, 429, 5xx): retry with
+  backoff (it is a ``queue.Retry``).
+- ``PermanentApiError`` (any other 4xx: forbidden, invalid): counted, logged,
+  not retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import orjson
+import urllib3
+from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from app.effects.queue import Retry
+
+log = logging.getLogger("kubevirt_eviction_guard.effects")
+
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds for one side-effect call
+
+
+class Conflict(Exception):
+    """409/422: the object is not in the state the write assumed."""
+
+
+class NotFound(Exception):
+    """404: the object does not exist (any more)."""
+
+
+class TransientApiError(Retry):
+    """Worth retrying after a backoff."""
+
+
+class PermanentApiError(Exception):
+    """Retrying will not help (403, 400, ...)."""
+
+
+class EffectsApi(Protocol):
+    def patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None: ...
+
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None: ...
+
+
+def classify(e: ApiException) -> Exception:
+    status = e.status or 0
+    text = f"{status} {e.reason or ''}".strip()
+    if status in (409, 422):
+        return Conflict(text)
+    if status == 404:
+        return NotFound(text)
+    if status == 0 or status == 429 or status >= 500:
+        return TransientApiError(text)
+    return PermanentApiError(text)
+
+
+class KubeEffectsApi:
+    """The writes, over a ``kubernetes.client.ApiClient`` (from kubeconfig or in-cluster)."""
+
+    def __init__(self, api_client: ApiClient, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+        self.core = CoreV1Api(api_client)
+        self.timeout = timeout
+
+    def _call(self, method, *args, **kwargs) -> None:
+        try:
+            resp = method(*args, _request_timeout=self.timeout, _preload_content=False, **kwargs)
+        except ApiException as e:
+            raise classify(e) from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timed out
+            raise TransientApiError(f"{type(e).__name__}: {e}") from None
+        resp.read()  # drain, so the connection returns to the pool
+        resp.release_conn()
+
+    def patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        self._call(self.core.patch_namespaced_pod, name, namespace, patch, _content_type=JSON_PATCH)
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        self._call(self.core.create_namespaced_event, namespace, event)
+
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self._call(self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH)
+
+
+class LogOnlyApi:
+    """No API server (snapshot mode): log each write the guard would make, succeed."""
+
+    def patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        log.info("would patch pod (no API server)", extra={"namespace": namespace, "pod": name,
+                                                            "patch": orjson.dumps(patch).decode()})
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        obj = event.get("involvedObject", {})
+        log.info("would create Event (no API server)", extra={
+            "namespace": namespace, "vmi": obj.get("name"), "event_reason": event.get("reason"),
+            "count": event.get("count"), "event_message": event.get("message"),
+        })
+
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        log.info("would update Event (no API server)", extra={"namespace": namespace, "event": name,
+                                                               "count": patch.get("count")})

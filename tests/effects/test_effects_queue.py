@@ -1,0 +1,159 @@
+"""The background queue: never blocks the producer, bounded, keyed, retries with capped backoff."""
+
+import threading
+import time
+
+import pytest
+
+from app.effects.queue import Backoff, EffectQueue, Later, Retry
+from app.metrics import Metrics
+from tests.effects.support import FakeClock
+
+
+class Job:
+    def __init__(self, key, kind="annotation", script=(), gate: threading.Event | None = None):
+        self.key = key
+        self.kind = kind
+        self.script = list(script)  # exceptions to raise, in order, before succeeding
+        self.gate = gate
+        self.runs = 0
+
+    def run(self):
+        self.runs += 1
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.script:
+            raise self.script.pop(0)
+        return "applied"
+
+
+def sample(metrics: Metrics, name: str, **labels) -> float:
+    value = metrics.registry.get_sample_value("kubevirt_eviction_guard_" + name, labels)
+    return value or 0.0
+
+
+def test_submit_returns_while_a_job_hangs_and_the_worker_runs_the_rest_later():
+    gate = threading.Event()
+    q = EffectQueue(Metrics())
+    q.start()
+    try:
+        hanging = Job("a", gate=gate)
+        q.submit(hanging)
+        started = time.perf_counter()
+        for i in range(50):
+            q.submit(Job(("b", i)))
+        assert time.perf_counter() - started < 0.5  # the producer never waits for the worker
+        assert not q.wait_idle(0.2)
+        gate.set()
+        assert q.wait_idle(5)
+        assert hanging.runs == 1
+    finally:
+        gate.set()
+        q.stop()
+
+
+def test_equal_keys_are_queued_once():
+    clock = FakeClock()
+    q = EffectQueue(Metrics(), clock=clock)
+    first, second = Job("same"), Job("same")
+    assert q.submit(first) is True
+    assert q.submit(second) is False
+    assert q.run_once() and not q.run_once()
+    assert (first.runs, second.runs) == (1, 0)
+    assert q.submit(second) is True  # once run, the key may be queued again
+
+
+def test_full_queue_drops_the_oldest_job_and_counts_it():
+    m = Metrics()
+    q = EffectQueue(m, capacity=3, clock=FakeClock())
+    jobs = [Job(i, kind="event" if i == 0 else "annotation") for i in range(5)]
+    for j in jobs:
+        q.submit(j)
+    assert len(q) == 3
+    while q.run_once():
+        pass
+    assert [j.runs for j in jobs] == [0, 0, 1, 1, 1]
+    assert sample(m, "side_effects_dropped_total", kind="event") == 1
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 1
+
+
+def test_delayed_job_waits_for_its_time():
+    clock = FakeClock()
+    q = EffectQueue(Metrics(), clock=clock)
+    j = Job("later")
+    q.submit(j, delay=30)
+    assert not q.run_once()
+    clock.advance(30)
+    assert q.run_once() and j.runs == 1
+
+
+def test_transient_failures_are_retried_with_growing_capped_backoff():
+    clock, m = FakeClock(), Metrics()
+    q = EffectQueue(m, max_attempts=5, backoff=Backoff(base=1, cap=3), clock=clock, rand=lambda: 1.0)
+    j = Job("flaky", script=[Retry("503")] * 3)
+    q.submit(j)
+    waits = []
+    while j.runs < 4:
+        if not q.run_once():
+            clock.advance(0.5)
+            waits.append(clock.t)
+    assert q.run_once() is False and len(q) == 0
+    # attempt 1 fails -> 1s, attempt 2 -> 2s, attempt 3 -> min(4, cap 3) = 3s
+    assert len(waits) == (1 + 2 + 3) * 2
+    assert sample(m, "side_effect_errors_total", kind="annotation") == 3
+    assert sample(m, "side_effects_total", kind="annotation", outcome="applied") == 1
+
+
+def test_gives_up_after_max_attempts_and_counts_the_failure():
+    clock, m = FakeClock(), Metrics()
+    q = EffectQueue(m, max_attempts=3, backoff=Backoff(base=1, cap=1), clock=clock, rand=lambda: 1.0)
+    j = Job("down", kind="event", script=[Retry("refused")] * 10)
+    q.submit(j)
+    for _ in range(10):
+        q.run_once()
+        clock.advance(1)
+    assert j.runs == 3 and len(q) == 0
+    assert sample(m, "side_effect_errors_total", kind="event") == 3
+    assert sample(m, "side_effects_total", kind="event", outcome="failed") == 1
+
+
+def test_a_permanent_error_is_not_retried_and_does_not_kill_the_worker():
+    m = Metrics()
+    q = EffectQueue(m)
+    q.start()
+    try:
+        bad, good = Job("bad", script=[PermissionError("403 Forbidden")]), Job("good")
+        q.submit(bad)
+        q.submit(good)
+        assert q.wait_idle(5)
+        assert (bad.runs, good.runs) == (1, 1)
+        assert sample(m, "side_effects_total", kind="annotation", outcome="failed") == 1
+    finally:
+        q.stop()
+
+
+@pytest.mark.parametrize("attempt,ceiling", [(1, 0.5), (2, 1.0), (3, 2.0), (7, 30.0), (40, 30.0)])
+def test_backoff_is_full_jitter_under_a_capped_exponential(attempt, ceiling):
+    b = Backoff(base=0.5, cap=30)
+    assert b.delay(attempt, rand=lambda: 1.0) == ceiling
+    assert b.delay(attempt, rand=lambda: 0.0) == 0.0
+    assert 0 <= b.delay(attempt) <= ceiling
+
+
+def test_stop_reports_abandoned_work():
+    q = EffectQueue(Metrics(), clock=FakeClock())
+    q.start()
+    q.submit(Job("x"), delay=3600)
+    assert q.stop(timeout=2) == 1
+
+
+def test_waiting_is_retried_but_not_counted_as_an_error():
+    clock, m = FakeClock(), Metrics()
+    q = EffectQueue(m, backoff=Backoff(base=1, cap=1), clock=clock, rand=lambda: 1.0)
+    j = Job("waits", script=[Later("store behind")])
+    q.submit(j)
+    q.run_once()
+    clock.advance(1)
+    assert q.run_once() and j.runs == 2
+    assert sample(m, "side_effect_errors_total", kind="annotation") == 0
+    assert sample(m, "side_effects_total", kind="annotation", outcome="applied") == 1
