@@ -41,17 +41,22 @@ class LoadedSettings:
     extra: dict[str, Any]
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
+def read_yaml_file(path: str | Path, error: type[Exception], label: str) -> Any:
+    """One YAML document from a file; any problem is ``error`` with a message that starts with ``label``."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise SettingsError(f"--config {path}: cannot read: {e.strerror or e}") from None
+        raise error(f"{label}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError:
-        raise SettingsError(f"--config {path}: not UTF-8 text") from None
+        raise error(f"{label}: not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise SettingsError(f"--config {path}: not valid YAML: {e}".splitlines()[0]) from None
+        raise error(f"{label}: not valid YAML: {e}".splitlines()[0]) from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    data = read_yaml_file(path, SettingsError, f"--config {path}")
     if data is None:
         return {}
     if not isinstance(data, dict):

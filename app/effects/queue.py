@@ -174,12 +174,7 @@ class EffectQueue:
             if not self._heap or self._heap[0].ready_at > self.clock():
                 return False
             entry = self._pop()
-        try:
-            self._run(entry)
-        finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+        self._run_and_release(entry)
         return True
 
     def _pop(self) -> _Entry:
@@ -203,12 +198,15 @@ class EffectQueue:
 
     def _work(self) -> None:
         while (entry := self._next()) is not None:
-            try:
-                self._run(entry)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+            self._run_and_release(entry)
+
+    def _run_and_release(self, entry: _Entry) -> None:
+        try:
+            self._run(entry)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
     def _run(self, entry: _Entry) -> None:
         job = entry.job

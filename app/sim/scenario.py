@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from app.config import SETTING_NAMES, SettingsError, build_settings
+from app.config import SETTING_NAMES, SettingsError, build_settings, read_yaml_file
 from app.policy.model import PolicySettings
 from app.sim.model import VM, Node, Profile, Steady, Walk, Wave
 from app.timefmt import parse_duration
@@ -343,16 +342,7 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
 
 def load_scenario(path: str | Path, seed: int | None = None) -> Scenario:
     """Read a scenario file; ``seed`` overrides the file's (the workload is rebuilt from it)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{path}: not UTF-8 text") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
+    data = read_yaml_file(path, ScenarioError, str(path))
     if seed is not None and isinstance(data, dict):
         data = {**data, "seed": seed}
     return parse_scenario(data, str(path))
