@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", required=True, metavar="FILE")
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    serve.add_argument("--tls-reload-interval", type=float, default=5.0, metavar="SECONDS",
+                       help="how often to look for a rotated certificate/key (0: never reload)")
+    serve.add_argument("--metrics-port", type=int, default=0,
+                       help="also serve /metrics, /healthz, /readyz over plain HTTP on this port (0: off)")
+    serve.add_argument("--descheduler-check", action=argparse.BooleanOptionalAction, default=True,
+                       help="in live mode, export whether the KubeDescheduler enables background evictions")
+    serve.add_argument("--descheduler-namespace", default="openshift-kube-descheduler-operator")
     _source_flags(serve)
     _policy_flags(serve)
 
