@@ -23,6 +23,7 @@ Watches end at ``timeoutSeconds`` and resume from the last resourceVersion; a
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
@@ -77,22 +78,25 @@ class DeschedulerCheck:
             "1 for the descheduler's background-evictions state (KubeDescheduler devEnableEvictionsInBackground)",
             ["state"], registry=registry,
         )
-        self.state = ""
+        self.state = UNKNOWN  # until the API says otherwise; not worth a log line
         self._said: set[str] = set()  # quiet conditions already logged once
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
         self._thread: threading.Thread | None = None
-        self._set(UNKNOWN)
+        self._publish(UNKNOWN)
 
     # -- state -------------------------------------------------------------
 
-    def _set(self, state: str) -> None:
+    def _publish(self, state: str) -> None:
         for s in STATES:
             self.gauge.labels(s).set(1 if s == state else 0)
+
+    def _set(self, state: str) -> None:
+        self._publish(state)
         if state == self.state:
             return
         self.state = state
-        where = {"namespace": self.namespace, "name": self.name}
+        where = {"namespace": self.namespace, "object": self.name}
         if state == DISABLED:
             log.warning("descheduler background evictions are disabled: the descheduler will take KubeVirt's "
                         "evictions for failures and keep evicting more VMs; set "
@@ -103,28 +107,33 @@ class DeschedulerCheck:
     def _once(self, key: str, message: str) -> None:
         if key not in self._said:
             self._said.add(key)
-            log.info(message, extra={"namespace": self.namespace, "name": self.name})
+            log.info(message, extra={"namespace": self.namespace, "object": self.name})
 
     # -- API ---------------------------------------------------------------
 
     def served(self) -> bool:
         """Whether the API server serves kubedeschedulers in operator.openshift.io/v1."""
         try:
-            resources = self.api.get_api_resources(GROUP, VERSION)
+            # raw JSON: the generated model rejects lists that omit fields it deems required
+            resp = self.api.get_api_resources(GROUP, VERSION, _preload_content=False, _request_timeout=30)
         except ApiException as e:
             if e.status == 404:
                 return False
             raise
-        return any(r.name == PLURAL for r in resources.resources or ())
+        resources = json.loads(resp.data).get("resources") or ()
+        return any(isinstance(r, dict) and r.get("name") == PLURAL for r in resources)
 
     def _selector(self) -> str:
         return f"metadata.name={self.name}"
+
+    def _is_ours(self, obj: Any) -> bool:
+        return isinstance(obj, dict) and (obj.get("metadata") or {}).get("name") == self.name
 
     def _list(self) -> str:
         result = self.api.list_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, field_selector=self._selector(), _request_timeout=30
         )
-        items = [i for i in result.get("items") or () if (i.get("metadata") or {}).get("name") == self.name]
+        items = [i for i in result.get("items") or () if self._is_ours(i)]
         if items:
             self._set(background_evictions(items[0]))
         else:
@@ -144,7 +153,9 @@ class DeschedulerCheck:
             )
             for event in stream:
                 kind, obj = event.get("type"), event.get("object")
-                if kind in ("ADDED", "MODIFIED"):
+                if not self._is_ours(obj):
+                    pass  # bookmarks, and other objects if the server ignored the field selector
+                elif kind in ("ADDED", "MODIFIED"):
                     self._set(background_evictions(obj))
                 elif kind == "DELETED":
                     self._set(UNKNOWN)
@@ -177,20 +188,26 @@ class DeschedulerCheck:
             raise
 
     def _run(self) -> None:
-        backoff = 1.0
+        backoff, failing = 1.0, False
         while not self._stop.is_set():
             try:
                 self.run_once()
-                backoff = 1.0
+                backoff, failing = 1.0, False
             except _Gone:
+                backoff, failing = 1.0, False
                 self._stop.wait(self.rediscover_every)
             except (ApiException, HTTPError, OSError, ValueError) as e:
-                # The API server is unreachable or said something odd: the cluster's setting did not change,
-                # so the last known state stays; retry with backoff.
-                log.warning("descheduler check: %s; retrying in %.0fs", e.__class__.__name__, backoff,
-                            extra={"error": str(e).splitlines()[0] if str(e) else ""})
+                # Unreachable or odd API server: the cluster's setting did not change, so the last known state
+                # stays. Warn when it starts failing, not on every retry.
+                (log.debug if failing else log.warning)(
+                    "descheduler check: %s; retrying with backoff", e.__class__.__name__,
+                    extra={"error": str(e).splitlines()[0] if str(e) else "", "retry_in_s": backoff})
+                failing = True
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
+            except Exception:  # a bug here must not end the check for the life of the process
+                log.exception("descheduler check failed; retrying")
+                self._stop.wait(self.max_backoff)
 
     def start(self) -> DeschedulerCheck:
         if self._thread is None:
