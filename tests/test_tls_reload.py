@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.tls import issue_certs, server_context
 from app.tlsreload import CertReloader
@@ -139,12 +140,12 @@ def test_plain_rewrite_in_place_is_noticed(tmp_path):
 @pytest.fixture
 def guard(mounted, tmp_path_factory):
     secret, first = mounted
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log_path = tmp_path_factory.mktemp("log") / "guard.log"  # a file, not a pipe: one line per decision
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "--log-format", "json", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--tls-cert", str(secret.cert), "--tls-key", str(secret.key), "--tls-reload-interval", "0.2",
-         "--snapshot", str(ROOT / "examples" / "demo-snapshot.yaml"), "--now", DEMO_NOW],
+         "--metrics-port", str(metrics_port), "--snapshot", str(ROOT / "examples" / "demo-snapshot.yaml"), "--now", DEMO_NOW],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_path.open("wb"),
     )
     ctx = client_context(first.ca_pem)
@@ -158,12 +159,32 @@ def guard(mounted, tmp_path_factory):
                 proc.kill()
                 pytest.fail(f"guard did not start: {log_path.read_text()[-2000:]}")
             time.sleep(0.1)
-    yield secret, first, port, proc, log_path
+    yield secret, first, port, proc, log_path, metrics_port
     proc.terminate()
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def scrape(port: int, path: str = "/metrics", method: str = "GET") -> str:
+    side = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        side.request(method, path, body=REVIEW if method == "POST" else None, headers={"Content-Type": "application/json"})
+        resp = side.getresponse()
+        return f"{resp.status} {resp.read().decode()}" if path != "/metrics" else resp.read().decode()
+    finally:
+        side.close()
+
+
+def test_metrics_port_serves_only_metrics_and_probes(guard):
+    metrics_port = guard[5]
+    assert "kubevirt_eviction_guard_decisions_total" in scrape(metrics_port)
+    assert scrape(metrics_port, "/healthz").startswith("200 ")
+    assert scrape(metrics_port, "/readyz").startswith("200 ")
+    for path in ("/mutate", "/validate"):
+        answer = scrape(metrics_port, path, method="POST")
+        assert answer.startswith("404 ") and "metrics port" in answer, answer  # admission never without TLS
 
 
 def admit(conn: http.client.HTTPSConnection) -> int:
@@ -175,7 +196,7 @@ def admit(conn: http.client.HTTPSConnection) -> int:
 
 
 def test_rotation_under_load_serves_the_new_pair_without_errors(guard):
-    secret, first, port, proc, log_path = guard
+    secret, first, port, proc, log_path, metrics_port = guard
     second = issue_certs("guard", "ns")
     either = client_context(first.ca_pem, second.ca_pem)
     old_serial = x509.load_pem_x509_certificate(first.cert_pem).serial_number
@@ -226,5 +247,10 @@ def test_rotation_under_load_serves_the_new_pair_without_errors(guard):
     assert serial_of(kept.sock.getpeercert(binary_form=True)) == old_serial  # same connection throughout
     kept.close()
     assert proc.poll() is None
+    samples = {(m.name, tuple(sorted(m.labels.items()))): m.value for f in text_string_to_metric_families(scrape(metrics_port))
+               for m in f.samples}
+    assert samples[("kubevirt_eviction_guard_tls_reloads_total", (("result", "success"),))] == 1
+    not_after = x509.load_pem_x509_certificate(second.cert_pem).not_valid_after_utc.timestamp()
+    assert samples[("kubevirt_eviction_guard_tls_certificate_expiry_timestamp_seconds", ())] == not_after
     messages = [json.loads(line)["msg"] for line in log_path.read_text().splitlines() if line.startswith("{")]
     assert "serving a new certificate" in messages
