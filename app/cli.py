@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the HTTPS admission webhook")
+    # also accepted after `serve`, because the container's entrypoint is `kubevirt-eviction-guard serve`
+    serve.add_argument("--log-format", choices=("json", "text"), default=argparse.SUPPRESS)
+    serve.add_argument("--log-level", default=argparse.SUPPRESS)
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8443)
     serve.add_argument("--tls-cert", required=True, metavar="FILE")

@@ -48,7 +48,9 @@ VMIS = Resource("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineI
 VMIMS = Resource("kubevirt.io", "v1", "virtualmachineinstancemigrations", "VirtualMachineInstanceMigration", True)
 # the OpenShift descheduler operator's configuration (the guard only reads the object named "cluster")
 KUBEDESCHEDULERS = Resource("operator.openshift.io", "v1", "kubedeschedulers", "KubeDescheduler", True)
-ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEDESCHEDULERS)
+# Helm's `lookup` of the chart's generated certificate Secret (tests/test_chart.py)
+SECRETS = Resource("", "v1", "secrets", "Secret", True)
+ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEDESCHEDULERS, SECRETS)
 
 # names the control surface accepts for each resource (besides Resource objects)
 _ALIASES: dict[str, Resource] = {}
@@ -61,6 +63,7 @@ for _r, _names in (
     (VMIS, ("vmi", "VirtualMachineInstance", "virtualmachineinstances")),
     (VMIMS, ("vmim", "VirtualMachineInstanceMigration", "virtualmachineinstancemigrations")),
     (KUBEDESCHEDULERS, ("kubedescheduler", "KubeDescheduler")),
+    (SECRETS, ("secret", "Secret")),
 ):
     for _n in _names:
         _ALIASES[_n] = _r
