@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean
+.PHONY: run test setup certs clean constraints
 
 setup: $(STAMP)
 
@@ -35,3 +35,9 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
+
+# Pins for the container image: the working virtualenv, frozen (the Dockerfile installs with --constraint).
+constraints: $(STAMP)
+	@{ echo "# Pinned versions for the container image (Dockerfile: pip install --constraint constraints.txt)."; \
+	  echo "# Regenerate with 'make constraints' after 'make setup' (pip freeze of the working virtualenv)."; \
+	  $(PY) -m pip freeze --exclude-editable --disable-pip-version-check; } > constraints.txt
