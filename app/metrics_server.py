@@ -51,4 +51,4 @@ class MetricsServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=2)

@@ -129,6 +129,13 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(mode, kind):
     assert {d["kind"] for d in docs} - validated <= CRD_KINDS
 
 
+@pytest.mark.parametrize("mode", list(CERT_MODES))
+def test_helm_lint_strict_finds_nothing_to_warn_about(mode):
+    report = helm.lint(CHART, merge(CERT_MODES[mode], MONITORING), strict=True, namespace=NS, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
 def test_validation_is_not_vacuous():
     deployment = one(render(), "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystme"] = True

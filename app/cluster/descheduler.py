@@ -215,7 +215,7 @@ class DeschedulerCheck:
             self._thread.start()
         return self
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
         self._stop.set()
         if self._watch is not None:
             self._watch.stop()
