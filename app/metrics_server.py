@@ -12,6 +12,7 @@ HTTPS server.
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 import uvicorn
@@ -45,8 +46,16 @@ class MetricsServer:
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, name="metrics-http", daemon=True)
 
-    def start(self) -> MetricsServer:
+    def start(self, timeout: float = 10.0) -> MetricsServer:
+        """Start listening; raises OSError when the port cannot be bound (uvicorn's thread just ends then)."""
         self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                cfg = self.server.config
+                raise OSError(f"--metrics-port {cfg.port}: cannot listen on {cfg.host}:{cfg.port}")
+            time.sleep(0.01)
         return self
 
     def stop(self) -> None:

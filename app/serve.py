@@ -66,7 +66,10 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> li
     if args.metrics_port:
         from app.metrics_server import MetricsServer
 
-        parts.append(MetricsServer(ctx, args.host, args.metrics_port).start())
+        try:
+            parts.append(MetricsServer(ctx, args.host, args.metrics_port).start())
+        except OSError as e:
+            raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:
         from app.cluster.apiclient import ClusterConfigError, api_client
         from app.cluster.descheduler import DeschedulerCheck

@@ -254,3 +254,19 @@ def test_rotation_under_load_serves_the_new_pair_without_errors(guard):
     assert samples[("kubevirt_eviction_guard_tls_certificate_expiry_timestamp_seconds", ())] == not_after
     messages = [json.loads(line)["msg"] for line in log_path.read_text().splitlines() if line.startswith("{")]
     assert "serving a new certificate" in messages
+
+
+def test_metrics_port_in_use_is_a_startup_error_naming_it(mounted, tmp_path):
+    secret, _ = mounted
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(free_port()),
+             "--metrics-port", str(busy), "--tls-cert", str(secret.cert), "--tls-key", str(secret.key),
+             "--snapshot", str(ROOT / "examples" / "demo-snapshot.yaml")],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )
+    assert done.returncode == 2
+    assert f"--metrics-port {busy}: cannot listen" in done.stderr
