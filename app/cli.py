@@ -37,6 +37,13 @@ def _source_flags(p: argparse.ArgumentParser, snapshot_required: bool = False) -
                    help="cluster state from a file (kubectl get vmi,vmim,pods,nodes -A -o yaml)")
 
 
+def _kube_flags(p: argparse.ArgumentParser) -> None:
+    """How to reach a live cluster (used when --snapshot is not given)."""
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig for a live cluster (default: in-cluster config when running in a pod, else $KUBECONFIG)")
+    p.add_argument("--context", dest="kube_context", metavar="NAME", help="kubeconfig context (default: current)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubevirt-eviction-guard", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -54,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", required=True, metavar="FILE")
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
+                       help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
     serve.add_argument("--tls-reload-interval", type=float, default=5.0, metavar="SECONDS",
                        help="how often to look for a rotated certificate/key (0: never reload)")
     serve.add_argument("--metrics-port", type=int, default=0,
@@ -62,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="in live mode, export whether the KubeDescheduler enables background evictions")
     serve.add_argument("--descheduler-namespace", default="openshift-kube-descheduler-operator")
     _source_flags(serve)
+    _kube_flags(serve)
     _policy_flags(serve)
 
     explain = sub.add_parser("explain", help="the decision for one pod, with the reasoning")

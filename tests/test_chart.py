@@ -210,7 +210,8 @@ def test_pod_disruption_budget_keeps_one_replica_and_never_blocks_drains_when_un
 
 def test_args_are_accepted_by_the_guards_own_command_line():
     """The image's entrypoint is `kubevirt-eviction-guard serve`: the args must parse as serve's flags."""
-    docs = render({"server": {"logFormat": "text", "tlsReloadInterval": 2}, "deschedulerCheck": {"namespace": "d"}})
+    docs = render({"server": {"logFormat": "text", "tlsReloadInterval": 2, "staleAfter": "3m"},
+                   "deschedulerCheck": {"namespace": "d"}})
     args = build_parser().parse_args(["serve", *container(docs)["args"]])
     mounts = {m["name"]: m["mountPath"] for m in container(docs)["volumeMounts"]}
     assert args.port == 8443 and args.metrics_port == 8080 and args.host == "0.0.0.0"
@@ -218,7 +219,9 @@ def test_args_are_accepted_by_the_guards_own_command_line():
     assert args.config == f"{mounts['config']}/config.yaml"
     assert args.log_format == "text" and args.tls_reload_interval == 2
     assert args.descheduler_check is True and args.descheduler_namespace == "d"
-    assert args.snapshot is None  # live mode: in-cluster config
+    assert args.stale_after == "3m"
+    assert args.snapshot is None and args.kubeconfig is None  # live mode: in-cluster config
+    assert "--stale-after" not in " ".join(container(render())["args"])  # the guard's default unless set
     off = build_parser().parse_args(["serve", *container(render({"deschedulerCheck": {"enabled": False}}))["args"]])
     assert off.descheduler_check is False
 

@@ -174,3 +174,53 @@ def test_api_installed_later_is_picked_up(api, start):
     api.restore_api("operator.openshift.io")
     assert eventually(lambda: check.state == "enabled")
     assert gauge(registry) == one_hot("enabled")
+
+
+def test_serve_in_live_mode_exports_the_check_on_the_metrics_port(api, tmp_path):
+    """The real `serve` process, watching the fake API server through a kubeconfig, as the chart runs it."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from app.tls import issue_certs, write_certs
+
+    root = Path(__file__).resolve().parents[1]
+    certs = write_certs(issue_certs("guard", "ns"), tmp_path / "certs")
+    api.put(kubedescheduler(False))
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--log-format", "json", "--host", "127.0.0.1", "--port", str(ports[0]),
+         "--metrics-port", str(ports[1]), "--tls-cert", str(certs["cert"]), "--tls-key", str(certs["key"]),
+         "--kubeconfig", str(kubeconfig), "--descheduler-namespace", NS],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "guard.log").open("wb"),
+    )
+
+    def state() -> dict[str, float]:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=2).read().decode()
+        except OSError:
+            return {}
+        return {s.labels["state"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == METRIC}
+
+    try:
+        assert eventually(lambda: state() == one_hot("disabled"), timeout=20), (tmp_path / "guard.log").read_text()[-2000:]
+        api.put(kubedescheduler(True))
+        assert eventually(lambda: state() == one_hot("enabled"), timeout=20)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,288 @@
+"""Live cluster state: the real ``kubernetes`` client, over HTTP, against tests.fakeapi.
+
+Each test starts a fake API server on 127.0.0.1 and the guard's four list+watch
+loops with short timeouts and backoff, then drives the server (changes, cuts,
+compactions, outages) and checks what the store, ``/readyz``, the decisions and
+the metrics say. Everything is bounded by polling deadlines of a few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from kubernetes import client
+
+from app.admission.server import GuardContext, create_app
+from app.cluster.informer import ClusterWatch, LoopOptions
+from app.metrics import Metrics
+from app.policy.model import PolicySettings
+from tests.fakeapi import FakeApiServer
+from tests.fakeapi import objects as o
+
+pytestmark = pytest.mark.timeout(60)
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+REQUEST = orjson.loads((SHARED / "fixtures/admission/eviction-requested-by-descheduler.validating.json").read_bytes())
+NS, POD = REQUEST["request"]["namespace"], REQUEST["request"]["name"]  # vms / virt-launcher-desched
+VMI = "desched"
+FAST = LoopOptions(page_size=2, watch_timeout=5, idle_timeout=5, backoff_base=0.05, backoff_cap=0.3, quick_end=0.05)
+
+
+def eventually(check, timeout: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
+
+
+def seed(api: FakeApiServer, migrating: bool = False) -> None:
+    """Two nodes, one VM on worker-a with its launcher pod (the one the fixture evicts)."""
+    api.put(o.node("worker-a"))
+    api.put(o.node("worker-b"))
+    api.put(o.vmi(NS, VMI, node="worker-a", created=time.time() - 86400,
+                  migration=o.migration_state(start=time.time() - 30, source_node="worker-a", target_node="worker-b",
+                                              uid="m-1") if migrating else None))
+    api.put(o.launcher_pod(NS, VMI, "worker-a", name=POD))
+    for i in range(3):  # a few more, so lists take several pages
+        api.put(o.vmi("other", f"vm-{i}", node="worker-b"))
+        api.put(o.launcher_pod("other", f"vm-{i}", "worker-b"))
+
+
+@pytest.fixture
+def api():
+    with FakeApiServer(bookmark_interval=0.2) as server:
+        yield server
+
+
+@pytest.fixture
+def guard(api):
+    """start(stale_after=...) -> (ClusterWatch, TestClient for the admission app, Metrics)."""
+    started: list[ClusterWatch] = []
+
+    def start(stale_after: float = 120.0, options: LoopOptions = FAST):
+        cfg = api.configuration()
+        cfg.retries = False
+        metrics = Metrics()
+        watch = ClusterWatch(client.ApiClient(cfg), metrics=metrics, stale_after=stale_after, options=options)
+        ctx = GuardContext(view=watch.store, settings=PolicySettings(), health=watch.health,
+                           readiness_detail=watch.readiness_detail, metrics=metrics)
+        started.append(watch.start())
+        return watch, TestClient(create_app(ctx)), metrics
+
+    yield start
+    for w in started:
+        w.stop(timeout=5)
+
+
+def decide(http: TestClient) -> dict:
+    resp = http.post("/validate", content=orjson.dumps(REQUEST), headers={"Content-Type": "application/json"})
+    assert resp.status_code == 200
+    return resp.json()["response"]
+
+
+def reason(http: TestClient) -> str:
+    return decide(http)["auditAnnotations"]["reason"]
+
+
+def restarts(metrics: Metrics, kind: str, cause: str) -> float:
+    return metrics.registry.get_sample_value("kubevirt_eviction_guard_watch_restarts_total",
+                                             {"kind": kind, "cause": cause}) or 0.0
+
+
+# ---- the happy path ---------------------------------------------------------------------------------
+
+
+def test_lists_in_pages_then_an_update_reaches_a_decision_within_a_second(api, guard):
+    seed(api)
+    watch, http, metrics = guard()
+    assert watch.wait_synced(5)
+    assert http.get("/readyz").status_code == 200
+    assert reason(http) == "allowed"
+    pod_lists = api.requests_for("pod", watch=False)
+    assert len(pod_lists) == 2 and pod_lists[0].query["limit"] == "2" and "continue" in pod_lists[1].query
+    watches = api.requests_for("vmi", watch=True)
+    assert watches[0].query["allowWatchBookmarks"] == "true" and watches[0].query["resourceVersion"]
+
+    vmi = api.get("vmi", NS, VMI)
+    vmi["status"]["migrationState"] = o.migration_state(start=time.time(), source_node="worker-a",
+                                                        target_node="worker-b", uid="m-2")
+    changed = time.monotonic()
+    api.put(vmi)
+    eventually(lambda: reason(http) == "migration_in_progress", timeout=1.0, what="the migration to be seen")
+    assert time.monotonic() - changed < 1.0
+    assert decide(http)["allowed"] is False
+    text = metrics.render()[0].decode()
+    assert 'kubevirt_eviction_guard_cache_objects{kind="vmi"} 4.0' in text
+    assert 'kubevirt_eviction_guard_cache_synced{kind="node"} 1.0' in text
+
+
+def test_bookmarks_let_a_quiet_kind_resume_without_relisting(api, guard):
+    seed(api)
+    watch, _, metrics = guard()
+    assert watch.wait_synced(5)
+    for i in range(20):  # VMIMs churn; nodes stay quiet, but their bookmarks follow the global version
+        api.put(o.vmim("other", f"mig-{i}", "vm-0", phase="Running"))
+    time.sleep(0.5)  # > bookmark_interval
+    api.compact()
+    api.cut_streams(clean=False)
+    eventually(lambda: api.watch_count("node") == 1 and len(api.requests_for("node", watch=True)) >= 2,
+               what="the node watch to reconnect")
+    time.sleep(0.2)
+    assert len(api.requests_for("node", watch=False)) == 1  # resumed from a bookmark: no relist
+    assert restarts(metrics, "node", "expired") == 0
+    assert restarts(metrics, "node", "connection") == 1
+
+
+# ---- losing the watch ----------------------------------------------------------------------------------
+
+
+def test_a_deletion_during_a_disconnect_is_seen_after_relist(api, guard):
+    seed(api)
+    watch, http, metrics = guard()
+    assert watch.wait_synced(5)
+    assert watch.store.vmi(NS, VMI) is not None
+    api.down()
+    api.delete("vmi", NS, VMI)  # while we cannot see it
+    api.compact()  # and history moves on past our version: resuming is impossible
+    api.up()
+    eventually(lambda: watch.store.vmi(NS, VMI) is None, what="the deleted VMI to disappear")
+    assert restarts(metrics, "vmi", "expired") >= 1
+    assert reason(http) == "vmi_not_found"
+
+
+@pytest.mark.parametrize("as_http", [False, True], ids=["error-event", "http-410"])
+def test_410_gone_relists_and_carries_on(api, guard, as_http):
+    api.expired_as_http = as_http
+    seed(api)
+    watch, _, metrics = guard()
+    assert watch.wait_synced(5)
+    lists_before = len(api.requests_for("vmim", watch=False))
+    if as_http:
+        api.down()
+        api.put(o.vmim("other", "gone-while-away", "vm-0", phase="Running"))
+        api.delete("vmim", "other", "gone-while-away")
+        api.compact()
+        api.up()  # the resume gets HTTP 410
+    else:
+        api.compact(expire_watches=True)  # open watches get an ERROR 410 event
+    api.put(o.vmim("other", "after", "vm-0", phase="Succeeded"))
+    eventually(lambda: [m.name for m in watch.store.migrations("other", "vm-0")] == ["after"],
+               what="the VMIM after the relist")
+    assert len(api.requests_for("vmim", watch=False)) > lists_before
+    assert restarts(metrics, "vmim", "expired") >= 1
+    assert watch.health().stale == frozenset()
+
+
+def test_api_down_at_startup_then_up_flips_readiness(api, guard):
+    seed(api)
+    api.down()
+    watch, http, metrics = guard()
+    body = eventually(lambda: (r := http.get("/readyz")).status_code == 503
+                      and "cannot reach" in r.json()["notSynced"].get("vmi", "") and r.json(),
+                      what="readyz to explain why")
+    assert set(body["notSynced"]) == {"vmi", "vmim", "pod", "node"}
+    assert reason(http) == "cache_not_ready"
+    time.sleep(0.3)
+    restarted = restarts(metrics, "pod", "connection")
+    assert 1 <= restarted < 20  # backed off, not spinning
+    api.up()
+    eventually(lambda: http.get("/readyz").status_code == 200, what="readiness after the API came back")
+    assert reason(http) == "allowed"
+
+
+def test_api_down_after_sync_keeps_serving_and_stays_ready(api, guard):
+    seed(api, migrating=True)
+    watch, http, metrics = guard()
+    assert watch.wait_synced(5)
+    api.down()
+    eventually(lambda: restarts(metrics, "vmi", "connection") >= 2, what="restarts to be counted")
+    ready = http.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["stale"] == []
+    assert reason(http) == "migration_in_progress"  # last known state still decides
+    assert "cannot reach the API server" in watch.readiness_detail()["vmi"]
+    api.up()
+    eventually(lambda: not watch.readiness_detail(), what="all watches to recover")
+
+
+def test_a_stale_kind_makes_decisions_fail_open(api, guard):
+    seed(api, migrating=True)
+    watch, http, _ = guard(stale_after=0.3)
+    assert watch.wait_synced(5)
+    assert reason(http) == "migration_in_progress"
+    api.down()
+    eventually(lambda: reason(http) == "cache_stale", what="the decision to fail open as stale")
+    assert decide(http)["allowed"] is True
+    ready = http.get("/readyz")
+    assert ready.status_code == 200 and set(ready.json()["stale"]) == {"vmi", "vmim", "pod", "node"}
+    api.up()
+    eventually(lambda: reason(http) == "migration_in_progress", what="fresh state to decide again")
+
+
+def test_server_errors_and_throttling_are_retried(api, guard):
+    seed(api)
+    api.fail(500, times=2, kind="vmi", verbs=["list"])
+    api.fail(429, times=1, kind="node", verbs=["list"], retry_after=1)
+    api.set_latency(0.2, kind="pod")
+    started = time.monotonic()
+    watch, _, metrics = guard()
+    assert watch.wait_synced(10)
+    assert time.monotonic() - started >= 1.0  # Retry-After honoured
+    assert restarts(metrics, "vmi", "server_error") == 2
+    assert restarts(metrics, "node", "throttled") == 1
+
+
+# ---- bad data and missing APIs ------------------------------------------------------------------------------
+
+
+def test_a_malformed_object_is_skipped_and_logged(api, guard, caplog):
+    seed(api)
+    watch, _, metrics = guard()
+    assert watch.wait_synced(5)
+    caplog.set_level(logging.WARNING, logger="kubevirt_eviction_guard.cluster")
+    api.emit_raw("vmi", b'{"type":"ADDED","object":{"kind":"VirtualMachineInstance","metadata":{"namespace":"x"}}}')
+    api.emit_raw("vmi", b'{"type":"MODIFIED","object":{"metadata":')  # cut short
+    api.emit_raw("vmi", b'["not", "an", "event"]')
+    api.put(o.vmi("other", "after-the-junk", node="worker-b"))
+    eventually(lambda: watch.store.vmi("other", "after-the-junk"), what="the loop to survive the junk")
+    skipped = [r for r in caplog.records if r.getMessage() == "skipping malformed object"]
+    assert len(skipped) == 3 and all(r.kind == "vmi" for r in skipped)
+    assert sum(v for k, v in _samples(metrics, "vmi").items()) == 0  # no restart needed
+
+
+def _samples(metrics: Metrics, kind: str) -> dict:
+    out = {}
+    for family in metrics.registry.collect():
+        if family.name == "kubevirt_eviction_guard_watch_restarts":
+            for s in family.samples:
+                if s.name.endswith("_total") and s.labels["kind"] == kind:
+                    out[s.labels["cause"]] = s.value
+    return out
+
+
+def test_absent_kubevirt_api_and_forbidden_kinds_are_named_in_readyz(api, guard, caplog):
+    seed(api)
+    api.remove_api("kubevirt.io")
+    api.forbid("node")
+    caplog.set_level(logging.ERROR, logger="kubevirt_eviction_guard.cluster")
+    watch, http, metrics = guard()
+    body = eventually(lambda: (r := http.get("/readyz")).status_code == 503 and len(r.json()["notSynced"]) == 3
+                      and all(not v.startswith("not listed") for v in r.json()["notSynced"].values()) and r.json(),
+                      what="readyz to name the missing kinds")
+    assert body["notSynced"]["vmi"] == "404: kubevirt.io/v1 virtualmachineinstances not found: is KubeVirt installed?"
+    assert body["notSynced"]["vmim"].startswith("404: kubevirt.io/v1 virtualmachineinstancemigrations not found")
+    assert body["notSynced"]["node"].startswith("403 forbidden: RBAC does not allow list/watch of v1 nodes")
+    eventually(lambda: restarts(metrics, "vmi", "not_found") >= 3, what="retries to continue")
+    vmi_errors = [r for r in caplog.records if getattr(r, "kind", None) == "vmi" and r.levelno >= logging.ERROR]
+    assert len(vmi_errors) == 1  # one clear error per kind, not one per retry
+    api.restore_api("kubevirt.io")
+    api.allow("node")
+    eventually(lambda: http.get("/readyz").status_code == 200, what="readiness once KubeVirt is there")
