@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate
+.PHONY: run test setup certs clean fuzz simulate constraints
 
 setup: $(STAMP)
 
@@ -56,3 +56,9 @@ $(SIM_STAMP): $(STAMP)
 
 simulate: $(SIM_STAMP)
 	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --out sim-out --readme README.md
+
+# Pins for the container image: the working virtualenv, frozen (the Dockerfile installs with --constraint).
+constraints: $(STAMP)
+	@{ echo "# Pinned versions for the container image (Dockerfile: pip install --constraint constraints.txt)."; \
+	  echo "# Regenerate with 'make constraints' after 'make setup' (pip freeze of the working virtualenv)."; \
+	  $(PY) -m pip freeze --exclude-editable --disable-pip-version-check; } > constraints.txt

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the HTTPS admission webhook")
+    # also accepted after `serve`, because the container's entrypoint is `kubevirt-eviction-guard serve`
+    serve.add_argument("--log-format", choices=("json", "text"), default=argparse.SUPPRESS)
+    serve.add_argument("--log-level", default=argparse.SUPPRESS)
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8443)
     serve.add_argument("--tls-cert", required=True, metavar="FILE")
@@ -72,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="log decisions only: no Events, no annotation")
     serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
                        help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
+    serve.add_argument("--tls-reload-interval", type=float, default=5.0, metavar="SECONDS",
+                       help="how often to look for a rotated certificate/key (0: never reload)")
+    serve.add_argument("--metrics-port", type=int, default=0,
+                       help="also serve /metrics, /healthz, /readyz over plain HTTP on this port (0: off)")
+    serve.add_argument("--descheduler-check", action=argparse.BooleanOptionalAction, default=True,
+                       help="in live mode, export whether the KubeDescheduler enables background evictions")
+    serve.add_argument("--descheduler-namespace", default="openshift-kube-descheduler-operator")
     _source_flags(serve)
     _kube_flags(serve)
     _policy_flags(serve)

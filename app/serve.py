@@ -21,6 +21,7 @@ from app.metrics import Metrics
 from app.policy.model import ClusterView
 from app.timefmt import parse_duration
 from app.tls import server_context
+from app.tlsreload import CertReloader
 
 log = logging.getLogger("kubevirt_eviction_guard")
 DEFAULT_STALE_AFTER = "2m"
@@ -176,6 +177,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     config.load()
     config.ssl = ssl_ctx  # ours: TLS 1.2 minimum, optional client-certificate verification
+    background = start_background(args, ssl_ctx, ctx)
     log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings),
                                "source": args.snapshot or "live cluster"})
     if cluster is not None:
@@ -185,8 +187,33 @@ def serve(args: argparse.Namespace) -> int:
     try:
         GuardServer(config, ctx, args.shutdown_drain).run()
     finally:
+        for part in reversed(background):
+            part.stop()
         if ctx.effects is not None:
             ctx.effects.stop()
         if cluster is not None:
             cluster.stop()
     return 0
+
+
+def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> list:
+    """What lives beside the HTTPS server: certificate reload, the plain-HTTP metrics port, the descheduler check."""
+    if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
+        raise UsageError(f"--metrics-port: must be a free port other than --port {args.port}, got {args.metrics_port}")
+    registry = ctx.metrics.registry
+    parts: list = [CertReloader(ssl_ctx, args.tls_cert, args.tls_key, args.client_ca,
+                                interval=args.tls_reload_interval, registry=registry).start()]
+    if args.metrics_port:
+        from app.metrics_server import MetricsServer
+
+        try:
+            parts.append(MetricsServer(ctx, args.host, args.metrics_port).start())
+        except OSError as e:
+            raise UsageError(str(e)) from None
+    if not args.snapshot and args.descheduler_check:
+        from app.cluster.descheduler import DeschedulerCheck
+        from app.cluster.kube import api_client
+
+        api = api_client(args.kubeconfig, getattr(args, "kube_context", None))
+        parts.append(DeschedulerCheck(api, registry, namespace=args.descheduler_namespace).start())
+    return parts

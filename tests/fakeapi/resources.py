@@ -46,7 +46,11 @@ EVENTS = Resource("", "v1", "events", "Event", True)
 EVENTS_V1 = Resource("events.k8s.io", "v1", "events", "Event", True)
 VMIS = Resource("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True)
 VMIMS = Resource("kubevirt.io", "v1", "virtualmachineinstancemigrations", "VirtualMachineInstanceMigration", True)
-ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS)
+# the OpenShift descheduler operator's configuration (the guard only reads the object named "cluster")
+KUBEDESCHEDULERS = Resource("operator.openshift.io", "v1", "kubedeschedulers", "KubeDescheduler", True)
+# Helm's `lookup` of the chart's generated certificate Secret (tests/test_chart.py)
+SECRETS = Resource("", "v1", "secrets", "Secret", True)
+ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEDESCHEDULERS, SECRETS)
 
 # names the control surface accepts for each resource (besides Resource objects)
 _ALIASES: dict[str, Resource] = {}
@@ -58,6 +62,8 @@ for _r, _names in (
     (EVENTS, ("event", "Event")),
     (VMIS, ("vmi", "VirtualMachineInstance", "virtualmachineinstances")),
     (VMIMS, ("vmim", "VirtualMachineInstanceMigration", "virtualmachineinstancemigrations")),
+    (KUBEDESCHEDULERS, ("kubedescheduler", "KubeDescheduler")),
+    (SECRETS, ("secret", "Secret")),
 ):
     for _n in _names:
         _ALIASES[_n] = _r

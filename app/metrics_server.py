@@ -1,0 +1,63 @@
+"""The plain-HTTP side port: ``/metrics``, ``/healthz`` and ``/readyz`` only.
+
+Prometheus scrapes without the webhook's CA, so the chart gives it its own
+plain-HTTP port. The same FastAPI app answers there (identical probes and
+metrics), behind an allow-list so that the admission endpoints are never
+reachable without TLS. It runs in its own thread with its own event loop: a
+slow scrape can never delay an admission answer, and uvicorn installs no
+signal handlers outside the main thread, so SIGTERM still belongs to the
+HTTPS server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import orjson
+import uvicorn
+
+from app.admission.server import GuardContext, create_app
+
+SIDE_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+
+
+def only_paths(app, allowed: frozenset[str] = SIDE_PATHS):
+    """ASGI wrapper answering 404 for every HTTP path outside ``allowed``."""
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in allowed:
+            body = orjson.dumps({"error": f"no such endpoint on the metrics port: {scope['path']}", "code": 404})
+            await send({"type": "http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+class MetricsServer:
+    def __init__(self, ctx: GuardContext, host: str, port: int) -> None:
+        config = uvicorn.Config(
+            only_paths(create_app(ctx)), host=host, port=port, log_config=None, access_log=False,
+            lifespan="off", timeout_graceful_shutdown=2,
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, name="metrics-http", daemon=True)
+
+    def start(self, timeout: float = 10.0) -> MetricsServer:
+        """Start listening; raises OSError when the port cannot be bound (uvicorn's thread just ends then)."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                cfg = self.server.config
+                raise OSError(f"--metrics-port {cfg.port}: cannot listen on {cfg.host}:{cfg.port}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=2)

@@ -1,0 +1,75 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "guard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name; every object of the release is named after it. */}}
+{{- define "guard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "guard.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "guard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "guard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "guard.labels" -}}
+helm.sh/chart: {{ include "guard.chart" . }}
+{{ include "guard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: admission-webhook
+{{- end }}
+
+{{- define "guard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "guard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret mounted as the serving certificate. */}}
+{{- define "guard.tlsSecretName" -}}
+{{- if eq .Values.certificates.mode "secret" }}
+{{- required "certificates.secret.name is required when certificates.mode is secret" .Values.certificates.secret.name }}
+{{- else }}
+{{- printf "%s-tls" (include "guard.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* DNS names the API server may use for the Service. */}}
+{{- define "guard.dnsNames" -}}
+{{- $svc := include "guard.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson }}
+{{- end }}
+
+{{- define "guard.webhookName" -}}
+{{- default (printf "%s.%s.svc" (include "guard.fullname" .) .Release.Namespace) .Values.webhook.name }}
+{{- end }}
+
+{{- define "guard.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Where the mounted files are inside the container. */}}
+{{- define "guard.tlsDir" -}}/etc/kubevirt-eviction-guard/tls{{- end }}
+{{- define "guard.configDir" -}}/etc/kubevirt-eviction-guard/config{{- end }}

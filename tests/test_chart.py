@@ -1,0 +1,598 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk bundles Helm's Go SDK; no helm binary).
+
+Every rendered manifest is validated against the Kubernetes OpenAPI schemas (kubernetes-validate, strict: unknown
+fields fail) for the oldest supported and the newest known Kubernetes. Kinds defined by CRDs (cert-manager,
+prometheus-operator) have no schema there; their structure is asserted directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import itertools
+import json
+import re
+from functools import cache
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from app.cli import build_parser
+from app.cluster.descheduler import DeschedulerCheck
+from app.config import build_settings, load_config_file
+from app.metrics import Metrics
+from app.tlsreload import ReloadMetrics
+from tests.fakeapi import FakeApiServer
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "kubevirt-eviction-guard"
+NS = "vm-guard"
+RELEASE = "guard"
+FULLNAME = "guard-kubevirt-eviction-guard"
+KUBE_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
+CRD_KINDS = {"Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"}
+MONITORING = {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}}
+CA_B64 = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+CERT_MODES = {
+    "helm": {"certificates": {"mode": "helm"}},
+    "certManager": {"certificates": {"mode": "certManager"}},
+    "certManager-issuer": {"certificates": {"mode": "certManager", "certManager": {
+        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+    "secret": {"certificates": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": CA_B64}}},
+}
+WEBHOOK_TYPES = ("mutating", "validating")
+MATRIX = list(itertools.product(CERT_MODES, WEBHOOK_TYPES))
+
+
+@pytest.fixture(scope="module")
+def chart():
+    with helm.Chart.load(CHART) as c:
+        yield c
+
+
+def merge(*parts: dict) -> dict:
+    out: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def docs_of(rendered: dict[str, str]) -> list[dict]:
+    docs = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+@cache
+def _render_cached(key: str) -> tuple[dict, ...]:
+    with helm.Chart.load(CHART) as c:
+        return tuple(docs_of(c.render(json.loads(key), name=RELEASE, namespace=NS)))
+
+
+def render(values: dict | None = None) -> list[dict]:
+    return [json.loads(json.dumps(d)) for d in _render_cached(json.dumps(values or {}, sort_keys=True))]
+
+
+def matrix_values(mode: str, kind: str) -> dict:
+    return merge(CERT_MODES[mode], {"webhook": {"type": kind}}, MONITORING)
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def webhook_config(docs: list[dict]) -> dict:
+    found = [d for d in docs if d["kind"].endswith("WebhookConfiguration")]
+    assert len(found) == 1
+    return found[0]
+
+
+def container(docs: list[dict]) -> dict:
+    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+# ---- every manifest is valid Kubernetes ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "kind"), MATRIX)
+def test_every_manifest_validates_against_the_kubernetes_schemas(mode, kind):
+    docs = render(matrix_values(mode, kind))
+    validated = set()
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            continue  # structure asserted below
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} invalid for Kubernetes {version}: "
+                            f"{'/'.join(map(str, e.path))}: {e.message}")
+        validated.add(doc["kind"])
+    expected = {"Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+                "PodDisruptionBudget", f"{kind.capitalize()}WebhookConfiguration"}
+    if mode == "helm":
+        expected.add("Secret")
+    assert validated == expected
+    assert {d["kind"] for d in docs} - validated <= CRD_KINDS
+
+
+@pytest.mark.parametrize("mode", list(CERT_MODES))
+def test_helm_lint_strict_finds_nothing_to_warn_about(mode):
+    report = helm.lint(CHART, merge(CERT_MODES[mode], MONITORING), strict=True, namespace=NS, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_validation_is_not_vacuous():
+    deployment = one(render(), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystme"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.30", strict=True)
+
+
+def test_everything_is_namespaced_to_the_release_or_cluster_scoped():
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+    for doc in render(MONITORING):
+        assert doc["metadata"].get("namespace") == (None if doc["kind"] in cluster_scoped else NS), doc["kind"]
+
+
+# ---- the Deployment ------------------------------------------------------------------------------
+
+
+def test_deployment_is_hardened():
+    docs = render()
+    spec = one(docs, "Deployment")["spec"]
+    pod = spec["template"]["spec"]
+    assert spec["replicas"] == 2
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(docs)["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    res = container(docs)["resources"]
+    assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"]
+    # writable scratch only in memory; the root filesystem stays read-only
+    assert {"name": "tmp", "mountPath": "/tmp"} in container(docs)["volumeMounts"]
+
+
+def test_anti_affinity_spreads_replicas_over_nodes():
+    soft = one(render(), "Deployment")["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = soft["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    hard = one(render({"podAntiAffinity": "hard"}), "Deployment")["spec"]["template"]["spec"]["affinity"]
+    required = hard["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert required["topologyKey"] == "kubernetes.io/hostname"
+    pod_labels = one(render(), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert required["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert "affinity" not in one(render({"podAntiAffinity": "none"}), "Deployment")["spec"]["template"]["spec"]
+
+
+def test_probes_and_graceful_termination():
+    docs = render()
+    c = container(docs)
+    https_port = next(p for p in c["ports"] if p["name"] == "https")["containerPort"]
+    assert https_port == 8443
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = c[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == (path, "https", "HTTPS"), probe
+    # the startup probe gives the guard time to list the cluster before liveness can kill it
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 30
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
+    assert pod["terminationGracePeriodSeconds"] > c["lifecycle"]["preStop"]["sleep"]["seconds"] + 20  # + uvicorn's 20 s drain
+
+
+def test_pod_disruption_budget_keeps_one_replica_and_never_blocks_drains_when_unhealthy():
+    docs = render()
+    pdb = one(docs, "PodDisruptionBudget")["spec"]
+    assert pdb["maxUnavailable"] == 1 and "minAvailable" not in pdb
+    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["selector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    pdb = one(render({"podDisruptionBudget": {"minAvailable": 1}}), "PodDisruptionBudget")["spec"]
+    assert pdb["minAvailable"] == 1 and "maxUnavailable" not in pdb
+
+
+def test_args_are_accepted_by_the_guards_own_command_line():
+    """The image's entrypoint is `kubevirt-eviction-guard serve`: the args must parse as serve's flags."""
+    docs = render({"server": {"logFormat": "text", "tlsReloadInterval": 2, "staleAfter": "3m"},
+                   "deschedulerCheck": {"namespace": "d"}})
+    args = build_parser().parse_args(["serve", *container(docs)["args"]])
+    mounts = {m["name"]: m["mountPath"] for m in container(docs)["volumeMounts"]}
+    assert args.port == 8443 and args.metrics_port == 8080 and args.host == "0.0.0.0"
+    assert args.tls_cert == f"{mounts['tls']}/tls.crt" and args.tls_key == f"{mounts['tls']}/tls.key"
+    assert args.config == f"{mounts['config']}/config.yaml"
+    assert args.log_format == "text" and args.tls_reload_interval == 2
+    assert args.descheduler_check is True and args.descheduler_namespace == "d"
+    assert args.stale_after == "3m"
+    assert args.snapshot is None and args.kubeconfig is None  # live mode: in-cluster config
+    assert "--stale-after" not in " ".join(container(render())["args"])  # the guard's default unless set
+    off = build_parser().parse_args(["serve", *container(render({"deschedulerCheck": {"enabled": False}}))["args"]])
+    assert off.descheduler_check is False
+
+
+def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
+    policy = {"migrationCooldown": "10m", "maxMigrationCooldown": "0", "migrationHistoryWindow": "24h",
+              "cooldownScope": "all", "deschedulerUsers": ["system:serviceaccount:kube-system:descheduler"],
+              "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m"}
+    docs = render({"policy": policy})
+    (tmp_path / "config.yaml").write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
+    settings = build_settings(load_config_file(tmp_path / "config.yaml"))
+    assert settings.migration_cooldown == 600 and settings.max_migration_cooldown == 0
+    assert settings.migration_history_window == 86400 and settings.cooldown_scope == "all"
+    assert settings.descheduler_users == frozenset(policy["deschedulerUsers"])
+    assert settings.pending_evacuations_per_node == 2 and settings.evacuation_stale_after == 5400
+    # a policy change rolls the pods (the config checksum is in the pod template)
+    before = one(render(), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    after = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert before != after
+
+
+def test_default_policy_values_equal_the_guards_defaults(tmp_path):
+    (tmp_path / "config.yaml").write_text(one(render(), "ConfigMap")["data"]["config.yaml"])
+    assert build_settings(load_config_file(tmp_path / "config.yaml")) == build_settings({})
+
+
+# ---- Service and RBAC ----------------------------------------------------------------------------
+
+
+def test_service_maps_443_to_https_and_has_a_separate_metrics_port():
+    docs = render()
+    ports = {p["name"]: p for p in one(docs, "Service")["spec"]["ports"]}
+    assert (ports["https"]["port"], ports["https"]["targetPort"]) == (443, "https")
+    assert (ports["metrics"]["port"], ports["metrics"]["targetPort"]) == (8080, "metrics")
+    container_ports = {p["name"]: p["containerPort"] for p in container(docs)["ports"]}
+    assert container_ports == {"https": 8443, "metrics": 8080}
+    assert one(docs, "Service")["spec"]["selector"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+def grants(role: dict) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+LEAST_PRIVILEGE = (
+    {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
+                            ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
+    | {("", "pods", "patch")}
+    | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+)
+DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
+
+
+def test_rbac_grants_exactly_the_listed_verbs():
+    docs = render()
+    role = one(docs, "ClusterRole")
+    assert grants(role) == LEAST_PRIVILEGE | DESCHEDULER_READ
+    assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
+    assert grants(one(render({"deschedulerCheck": {"enabled": False}}), "ClusterRole")) == LEAST_PRIVILEGE
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    sa = one(docs, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NS}]
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+
+
+# ---- the webhook configuration ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "kind"), MATRIX)
+def test_webhook_registration(mode, kind):
+    docs = render(matrix_values(mode, kind))
+    config = webhook_config(docs)
+    assert config["kind"] == f"{kind.capitalize()}WebhookConfiguration"
+    (hook,) = config["webhooks"]
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods/eviction"], "scope": "Namespaced"}]
+    assert hook["sideEffects"] == "NoneOnDryRun"
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["timeoutSeconds"] == 5
+    assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
+    assert "objectSelector" not in hook
+    if kind == "mutating":
+        assert hook["reinvocationPolicy"] == "Never"
+    else:
+        assert "reinvocationPolicy" not in hook
+    service = hook["clientConfig"]["service"]
+    assert service == {"name": one(docs, "Service")["metadata"]["name"], "namespace": NS,
+                       "path": "/mutate" if kind == "mutating" else "/validate", "port": 443}
+    assert len(hook["name"].split(".")) >= 3
+    (condition,) = hook["matchConditions"]
+    assert condition["name"] == "virt-launcher-pods"
+    assert 'object.metadata.name.startsWith("virt-launcher")' in condition["expression"]
+
+
+def test_mutating_is_the_default_and_the_chart_says_why():
+    assert webhook_config(render())["kind"] == "MutatingWebhookConfiguration"
+    source = (CHART / "templates" / "webhook.yaml").read_text()
+    for fact in ("validating", "side", "parallel", "run first"):
+        assert fact in source
+    assert "parallel" in (CHART / "values.yaml").read_text()
+
+
+def test_failure_policy_and_extra_match_conditions_are_configurable():
+    extra = {"name": "not-dry-run", "expression": "!has(object.deleteOptions) || !has(object.deleteOptions.dryRun)"}
+    (hook,) = webhook_config(render({"webhook": {"failurePolicy": "Fail", "extraMatchConditions": [extra]}}))["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["matchConditions"][1] == extra
+
+
+MEMBER = re.compile(r"\bobject(?:\.[A-Za-z_]\w*)+")
+
+
+def unguarded_accesses(expression: str) -> list[str]:
+    """Member chains under `object` used before a has() of them: these error when a key is missing."""
+    guarded: set[str] = set()
+    problems = []
+    for m in re.finditer(r"has\((object(?:\.\w+)+)\)|" + MEMBER.pattern, expression):
+        if m.group(1):
+            guarded.add(m.group(1))
+            continue
+        chain = m.group(0)
+        parts = chain.split(".")
+        # the last part may be a method call (startsWith...), which is not a map access
+        if expression[m.end():m.end() + 1] == "(":
+            parts = parts[:-1]
+        for n in range(2, len(parts) + 1):
+            if ".".join(parts[:n]) not in guarded:
+                problems.append(".".join(parts[:n]))
+    return problems
+
+
+def test_cel_expressions_guard_every_map_access():
+    (hook,) = webhook_config(render())["webhooks"]
+    for condition in hook["matchConditions"]:
+        assert unguarded_accesses(condition["expression"]) == []
+    assert unguarded_accesses('object.metadata.name.startsWith("virt-launcher")') == ["object.metadata",
+                                                                                      "object.metadata.name"]
+
+
+def test_namespace_selector_excludes_the_guards_namespace_and_opted_out_ones():
+    (hook,) = webhook_config(render())["webhooks"]
+    expressions = hook["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NS]} in expressions
+    assert {"key": "kubevirt-eviction-guard/skip", "operator": "DoesNotExist"} in expressions
+    # Helm merges maps with the defaults and replaces lists: a custom selector names its matchExpressions
+    custom = {"matchLabels": {"vms": "true"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["vm"]}]}
+    (hook,) = webhook_config(render({"webhook": {"namespaceSelector": custom, "excludeOwnNamespace": False}}))["webhooks"]
+    assert hook["namespaceSelector"] == custom
+
+
+def test_there_is_no_object_selector_value():
+    with pytest.raises(helm.HelmValuesError, match="objectSelector"):
+        render({"webhook": {"objectSelector": {"matchLabels": {"kubevirt.io": "virt-launcher"}}}})
+
+
+def test_webhook_configuration_is_installed_last():
+    """Helm orders by kind: webhook configurations last on install (first on uninstall), so an install never routes
+    evictions to a guard whose Service, RBAC and Deployment do not exist yet."""
+    with helm.Config(kube_apiserver="http://127.0.0.1:9", kube_token="unused", namespace=NS,
+                     storage_driver="memory") as cfg, helm.Chart.load(CHART) as c:
+        release = cfg.install(c, RELEASE, {}, namespace=NS, dry_run="client")
+    kinds = re.findall(r"^kind: (\w+)$", release["manifest"], re.M)
+    assert kinds[-1] == "MutatingWebhookConfiguration"
+    assert kinds.index("Deployment") < kinds.index("MutatingWebhookConfiguration")
+
+
+# ---- certificates ----------------------------------------------------------------------------------
+
+
+def tls_volume(docs: list[dict]) -> str:
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    (tls,) = [v for v in volumes if v["name"] == "tls"]
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "tls")
+    assert "subPath" not in mount, "a subPath mount never sees rotated certificates"
+    return tls["secret"]["secretName"]
+
+
+def verify_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> None:
+    key = ca.public_key()
+    if isinstance(key, rsa.RSAPublicKey):
+        key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm)
+    else:
+        key.verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm))
+
+
+def service_dns(docs: list[dict]) -> str:
+    return f"{one(docs, 'Service')['metadata']['name']}.{NS}.svc"
+
+
+def test_helm_mode_generates_a_ca_and_a_serving_certificate_for_the_service():
+    docs = render({"certificates": {"mode": "helm"}})
+    secret = one(docs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls" and tls_volume(docs) == secret["metadata"]["name"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    verify_signed_by(cert, ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert service_dns(docs) in sans and f"{service_dns(docs)}.cluster.local" in sans
+    assert cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) > dt.timedelta(days=3000)
+    (hook,) = webhook_config(docs)["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+
+
+def test_helm_generated_certificates_are_stable_across_upgrades_via_lookup():
+    """Rendered cluster-aware (Helm's lookup against a fake API server over HTTP): an existing Secret is reused."""
+    with FakeApiServer() as api, helm.Chart.load(CHART) as c:
+        with helm.Config(kube_apiserver=api.url, kube_token="fake-token", namespace=NS) as cfg:
+            install = docs_of(cfg.render(c, {}, name=RELEASE, namespace=NS, is_install=True))
+            secret = one(install, "Secret")
+            api.put(secret)  # what `helm install` created
+            upgrade = docs_of(cfg.render(c, {"replicaCount": 3}, name=RELEASE, namespace=NS, is_upgrade=True))
+        looked_up = [r for r in api.requests if r.path == f"/api/v1/namespaces/{NS}/secrets/{secret['metadata']['name']}"]
+    assert len(looked_up) == 2 and [r.status for r in looked_up] == [404, 200]
+    assert one(upgrade, "Secret")["data"] == secret["data"]
+    assert webhook_config(upgrade)["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    # without a cluster every render generates a new CA: the stability really comes from lookup
+    assert one(render(), "Secret")["data"]["ca.crt"] != secret["data"]["ca.crt"]
+
+
+def test_cert_manager_mode_issues_a_certificate_and_injects_the_ca():
+    docs = render({"certificates": {"mode": "certManager"}})
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    certs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}
+    issuers = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Issuer"}
+    for d in (*certs.values(), *issuers.values()):
+        assert d["apiVersion"] == "cert-manager.io/v1" and d["metadata"]["namespace"] == NS
+    serving = certs[f"{FULLNAME}-serving"]["spec"]
+    assert serving["secretName"] == tls_volume(docs)
+    assert service_dns(docs) in serving["dnsNames"] and serving["commonName"] == service_dns(docs)
+    assert "server auth" in serving["usages"]
+    assert serving["issuerRef"] == {"name": f"{FULLNAME}-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    assert certs[f"{FULLNAME}-ca"]["spec"]["isCA"] is True
+    assert certs[f"{FULLNAME}-ca"]["spec"]["issuerRef"]["name"] == f"{FULLNAME}-selfsigned"
+    assert issuers[f"{FULLNAME}-selfsigned"]["spec"] == {"selfSigned": {}}
+    assert issuers[f"{FULLNAME}-ca"]["spec"] == {"ca": {"secretName": f"{FULLNAME}-ca"}}
+    config = webhook_config(docs)
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NS}/{FULLNAME}-serving"
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+
+
+def test_cert_manager_with_an_existing_issuer_creates_no_issuers():
+    docs = render(CERT_MODES["certManager-issuer"])
+    assert not [d for d in docs if d["kind"] == "Issuer"]
+    (cert,) = [d for d in docs if d["kind"] == "Certificate"]
+    assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+
+
+def test_secret_mode_mounts_the_given_secret_and_uses_the_given_ca():
+    docs = render(CERT_MODES["secret"])
+    assert not [d for d in docs if d["kind"] in ("Secret", "Certificate", "Issuer")]
+    assert tls_volume(docs) == "my-tls"
+    assert webhook_config(docs)["webhooks"][0]["clientConfig"]["caBundle"] == CA_B64
+    with pytest.raises(helm.HelmValuesError, match="caBundle"):
+        render({"certificates": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": ""}}})
+
+
+# ---- monitoring ------------------------------------------------------------------------------------
+
+
+def guard_metric_names() -> set[str]:
+    """Every series name the guard exports (families expanded to their sample names)."""
+    registry = CollectorRegistry()
+    Metrics(registry)
+    ReloadMetrics(registry)
+    DeschedulerCheck(client.ApiClient(), registry)
+    names = set()
+    for family in registry.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}.get(family.type, ("",))
+        names |= {family.name + s for s in suffixes}
+    return names
+
+
+def test_monitoring_is_off_by_default():
+    assert not {d["kind"] for d in render()} & {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_service_monitor_scrapes_the_metrics_port():
+    docs = render(MONITORING)
+    sm = one(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= one(docs, "Service")["metadata"]["labels"].items()
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["scheme"] == "http"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NS]}
+
+
+def test_prometheus_rule_alerts_on_what_the_guard_exports():
+    rule = one(render(MONITORING), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {
+        "KubevirtEvictionGuardNodeBlockingSustained", "KubevirtEvictionGuardCooldownPinnedAtMaximum",
+        "KubevirtEvictionGuardNotReady", "KubevirtEvictionGuardWatchRestartsClimbing",
+        "KubevirtEvictionGuardDeschedulerMisconfigured", "KubevirtEvictionGuardCertificateExpiring",
+    }
+    exported = guard_metric_names() | {"up"}
+    for name, alert in alerts.items():
+        assert alert["labels"]["severity"] and alert["annotations"]["summary"] and alert["for"]
+        expr = alert["expr"]
+        assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), name
+        used = set(re.findall(r"\b([a-z_:][a-z0-9_:]*)\s*\{", expr))
+        assert used and used <= exported, f"{name} uses series the guard does not export: {used - exported}"
+        assert f'job="{FULLNAME}"' in expr and f'namespace="{NS}"' in expr, name
+    assert 'state="disabled"' in alerts["KubevirtEvictionGuardDeschedulerMisconfigured"]["expr"]
+    assert 'le="14400.0"' in alerts["KubevirtEvictionGuardCooldownPinnedAtMaximum"]["expr"]  # Python's le spelling
+    assert "by (node)" in alerts["KubevirtEvictionGuardNodeBlockingSustained"]["expr"]
+
+
+def test_alerts_can_be_switched_off_one_by_one():
+    values = merge(MONITORING, {"metrics": {"prometheusRule": {"rules": {"cooldownPinned": {"enabled": False}}}}})
+    (group,) = one(render(values), "PrometheusRule")["spec"]["groups"]
+    assert "KubevirtEvictionGuardCooldownPinnedAtMaximum" not in {r["alert"] for r in group["rules"]}
+    assert len(group["rules"]) == 5
+
+
+# ---- values.schema.json ----------------------------------------------------------------------------
+
+
+def leaf_paths(value, prefix=()):
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            yield from leaf_paths(v, (*prefix, k))
+    else:
+        yield prefix
+
+
+def schema_at(schema: dict, path: tuple[str, ...]) -> dict | None:
+    node = schema
+    for key in path:
+        props = node.get("properties") or {}
+        if key in props:
+            node = props[key]
+        elif node.get("type") == "object" and "properties" not in node:
+            return node  # a Kubernetes structure passed through whole (the API server validates it)
+        else:
+            return None
+    return node
+
+
+def test_schema_declares_every_value():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    undeclared = [".".join(p) for p in leaf_paths(values) if schema_at(schema, p) is None]
+    assert undeclared == []
+
+    def closed(node: dict, where: str) -> None:
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, f"{where} accepts unknown keys"
+            for k, v in node["properties"].items():
+                closed(v, f"{where}.{k}")
+
+    closed(schema, "values")
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    ({"webhook": {"type": "both"}}, "/webhook/type"),
+    ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+    ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
+    ({"certificates": {"mode": "vault"}}, "/certificates/mode"),
+    ({"policy": {"migrationCooldown": "15 minutes"}}, "/policy/migrationCooldown"),
+    ({"policy": {"cooldownScope": "some"}}, "/policy/cooldownScope"),
+    ({"policy": {"pendingEvacuationsPerNode": -1}}, "/policy/pendingEvacuationsPerNode"),
+    ({"replicaCount": 0}, "/replicaCount"),
+    ({"podAntiAffinity": "maybe"}, "/podAntiAffinity"),
+    ({"server": {"port": 70000}}, "/server/port"),
+    ({"metrics": {"prometheusRule": {"rules": {"cooldownPinned": {"aboveSeconds": 1000}}}}}, "aboveSeconds"),
+    ({"replicas": 2}, "replicas"),
+])
+def test_schema_rejects_bad_values_naming_them(chart, values, complaint):
+    with pytest.raises(helm.HelmValuesError, match=re.escape(complaint)):
+        chart.render(values, name=RELEASE, namespace=NS)

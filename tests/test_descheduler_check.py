@@ -1,0 +1,226 @@
+"""The descheduler configuration check, with the real ``kubernetes`` client against the fake API server over HTTP."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from app.cluster.descheduler import DeschedulerCheck, background_evictions
+from tests.fakeapi import FakeApiServer
+
+pytestmark = pytest.mark.timeout(60)
+NS = "openshift-kube-descheduler-operator"
+METRIC = "kubevirt_eviction_guard_descheduler_background_evictions"
+
+
+def kubedescheduler(background: bool | None, name: str = "cluster", namespace: str = NS) -> dict:
+    spec: dict = {"managementState": "Managed", "profiles": ["KubeVirtRelieveAndMigrate"]}
+    if background is not None:
+        spec["profileCustomizations"] = {"devEnableEvictionsInBackground": background}
+    return {"apiVersion": "operator.openshift.io/v1", "kind": "KubeDescheduler",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def gauge(registry: CollectorRegistry) -> dict[str, float | None]:
+    return {s: registry.get_sample_value(METRIC, {"state": s}) for s in ("enabled", "disabled", "unknown")}
+
+
+def one_hot(state: str) -> dict[str, float]:
+    return {s: (1.0 if s == state else 0.0) for s in ("enabled", "disabled", "unknown")}
+
+
+def eventually(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def api():
+    with FakeApiServer(bookmark_interval=0.2) as server:
+        yield server
+
+
+@pytest.fixture
+def start(api):
+    started: list[DeschedulerCheck] = []
+    clients: list[client.ApiClient] = []
+
+    def _start(**kwargs) -> tuple[DeschedulerCheck, CollectorRegistry]:
+        registry = CollectorRegistry()
+        clients.append(client.ApiClient(api.configuration()))
+        check = DeschedulerCheck(clients[-1], registry, namespace=NS, watch_timeout=2,
+                                 **{"rediscover_every": 0.1, "max_backoff": 0.2, **kwargs})
+        started.append(check.start())
+        return check, registry
+
+    yield _start
+    for check in started:
+        check.stop(timeout=1)
+    for c in clients:
+        c.close()
+
+
+def discovery_calls(api: FakeApiServer) -> int:
+    return sum(1 for r in list(api.requests) if r.path == "/apis/operator.openshift.io/v1")
+
+
+@pytest.mark.parametrize(("obj", "state"), [
+    ({"spec": {"profileCustomizations": {"devEnableEvictionsInBackground": True}}}, "enabled"),
+    ({"spec": {"profileCustomizations": {"devEnableEvictionsInBackground": False}}}, "disabled"),
+    ({"spec": {"profileCustomizations": {"devEnableEvictionsInBackground": "true"}}}, "disabled"),  # not a bool
+    ({"spec": {"profileCustomizations": {}}}, "disabled"),  # the gate is off unless asked for
+    ({"spec": {}}, "disabled"),
+    ({}, "disabled"),
+    (None, "unknown"),
+])
+def test_state_of_an_object(obj, state):
+    assert background_evictions(obj) == state
+
+
+def test_absent_api_is_unknown_and_quiet(api, start, caplog):
+    api.remove_api("operator.openshift.io")
+    with caplog.at_level(logging.INFO, logger="kubevirt_eviction_guard.descheduler"):
+        check, registry = start()
+        assert eventually(lambda: discovery_calls(api) >= 3), "discovery is retried quietly"
+    assert gauge(registry) == one_hot("unknown")
+    records = [r for r in caplog.records if r.name == "kubevirt_eviction_guard.descheduler"]
+    assert [r.levelname for r in records] == ["INFO"], [r.getMessage() for r in records]
+    assert "does not serve kubedeschedulers" in records[0].getMessage()
+    assert not api.requests_for("kubedescheduler"), "no list or watch of an API that is not there"
+
+
+def test_follows_the_cluster_object_through_its_life(api, start):
+    api.put(kubedescheduler(True, name="other"))  # another object in the namespace: not ours
+    check, registry = start()
+    assert eventually(lambda: api.watch_count("kubedescheduler") == 1)
+    assert gauge(registry) == one_hot("unknown"), "no cluster object yet"
+
+    api.put(kubedescheduler(False))
+    assert eventually(lambda: check.state == "disabled")
+    assert gauge(registry) == one_hot("disabled")
+
+    api.put(kubedescheduler(True))
+    assert eventually(lambda: check.state == "enabled")
+    assert gauge(registry) == one_hot("enabled")
+
+    api.put(kubedescheduler(False, name="other"))
+    time.sleep(0.3)
+    assert check.state == "enabled", "a change to another object does not count"
+
+    api.delete("kubedescheduler", NS, "cluster")
+    assert eventually(lambda: check.state == "unknown")
+    assert gauge(registry) == one_hot("unknown")
+    watches = api.requests_for("kubedescheduler", watch=True)
+    assert all(r.query.get("fieldSelector") == "metadata.name=cluster" for r in watches)
+
+
+def test_existing_object_is_read_at_start(api, start):
+    api.put(kubedescheduler(True))
+    check, registry = start()
+    assert eventually(lambda: check.state == "enabled")
+    assert gauge(registry) == one_hot("enabled")
+
+
+def test_survives_compaction_cut_streams_and_an_outage(api, start):
+    api.put(kubedescheduler(False))
+    check, registry = start()
+    assert eventually(lambda: check.state == "disabled" and api.watch_count("kubedescheduler") == 1)
+    lists_before = len(api.requests_for("kubedescheduler", watch=False))
+
+    api.compact(expire_watches=True)  # 410 on the open watch: relist
+    assert eventually(lambda: len(api.requests_for("kubedescheduler", watch=False)) > lists_before)
+    api.put(kubedescheduler(True))
+    assert eventually(lambda: check.state == "enabled")
+
+    api.cut_streams("kubedescheduler")  # dropped mid-stream: watch again
+    assert eventually(lambda: api.watch_count("kubedescheduler") == 1)
+    api.put(kubedescheduler(False))
+    assert eventually(lambda: check.state == "disabled")
+
+    api.down()
+    time.sleep(0.5)
+    assert check.state == "disabled", "an unreachable API server does not change the cluster's setting"
+    api.up()
+    assert eventually(lambda: api.watch_count("kubedescheduler") == 1)
+    api.put(kubedescheduler(True))
+    assert eventually(lambda: check.state == "enabled")
+
+
+def test_forbidden_is_unknown_and_quiet(api, start, caplog):
+    api.put(kubedescheduler(True))
+    api.forbid("kubedescheduler")
+    with caplog.at_level(logging.INFO, logger="kubevirt_eviction_guard.descheduler"):
+        check, registry = start()
+        assert eventually(lambda: len(api.requests_for("kubedescheduler")) >= 3)
+    assert gauge(registry) == one_hot("unknown")
+    records = [r for r in caplog.records if r.name == "kubevirt_eviction_guard.descheduler"]
+    assert [r.levelname for r in records] == ["INFO"] and "403" in records[0].getMessage()
+
+
+def test_api_installed_later_is_picked_up(api, start):
+    api.remove_api("operator.openshift.io")
+    api.put(kubedescheduler(True))
+    check, registry = start()
+    assert eventually(lambda: discovery_calls(api) >= 2)
+    assert check.state == "unknown"
+    api.restore_api("operator.openshift.io")
+    assert eventually(lambda: check.state == "enabled")
+    assert gauge(registry) == one_hot("enabled")
+
+
+def test_serve_in_live_mode_exports_the_check_on_the_metrics_port(api, tmp_path):
+    """The real `serve` process, watching the fake API server through a kubeconfig, as the chart runs it."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from app.tls import issue_certs, write_certs
+
+    root = Path(__file__).resolve().parents[1]
+    certs = write_certs(issue_certs("guard", "ns"), tmp_path / "certs")
+    api.put(kubedescheduler(False))
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--log-format", "json", "--host", "127.0.0.1", "--port", str(ports[0]),
+         "--metrics-port", str(ports[1]), "--tls-cert", str(certs["cert"]), "--tls-key", str(certs["key"]),
+         "--kubeconfig", str(kubeconfig), "--descheduler-namespace", NS],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "guard.log").open("wb"),
+    )
+
+    def state() -> dict[str, float]:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=2).read().decode()
+        except OSError:
+            return {}
+        return {s.labels["state"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == METRIC}
+
+    try:
+        assert eventually(lambda: state() == one_hot("disabled"), timeout=20), (tmp_path / "guard.log").read_text()[-2000:]
+        api.put(kubedescheduler(True))
+        assert eventually(lambda: state() == one_hot("enabled"), timeout=20)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
