@@ -238,6 +238,8 @@ class FakeApiServer:
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -326,7 +328,7 @@ class FakeApiServer:
                 raise KeyError(f"{resource.id} {_key(resource, obj)} already exists")
             return self._store(resource, copy.deepcopy(obj))
 
-    def load(self, objects: Iterable[dict | bytes], kind: str | Resource | None = None) -> int:
+    def load(self, objects: Iterable[dict | bytes], kind: str | Resource | None = None, copy_objects: bool = True) -> int:
         """Bulk-load objects without history (for benchmarks): a watch from before this needs a relist.
 
         Items may be dicts or already-serialized JSON bytes (then ``kind`` names
@@ -344,7 +346,7 @@ class FakeApiServer:
                     st.objects[resource][_key(resource, obj)] = _Obj(bytes(item), (obj.get("metadata") or {}).get("labels") or {}, rv)
                 else:
                     resource = res.resource_of(item)
-                    obj = copy.deepcopy(item)
+                    obj = copy.deepcopy(item) if copy_objects else item
                     meta = self._stamp(obj)
                     st.objects[resource][_key(resource, obj)] = _Obj(orjson.dumps(obj), meta.get("labels") or {},
                                                                      int(meta["resourceVersion"]))
@@ -419,6 +421,14 @@ class FakeApiServer:
                 w.queue.put(line)
         return len(hit)
 
+    def hold_streams(self) -> None:
+        """Stop writing to open watches; their events queue up (a slow or stalled server)."""
+        self._flowing.clear()
+
+    def release_streams(self) -> None:
+        """Write everything held back, in big chunks, as a server catching up does."""
+        self._flowing.set()
+
     def watch_count(self, kind: str | Resource | None = None) -> int:
         resource = res.resolve(kind) if kind is not None else None
         with self._state.lock:
@@ -486,8 +496,10 @@ class FakeApiServer:
 
     def _stamp(self, obj: dict) -> dict:
         meta = obj.setdefault("metadata", {})
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", _now_rfc3339())
+        if not meta.get("uid"):
+            meta["uid"] = str(uuid.uuid4())
+        if not meta.get("creationTimestamp"):
+            meta["creationTimestamp"] = _now_rfc3339()
         meta["resourceVersion"] = str(self._state.next_rv())
         return meta
 
@@ -818,6 +830,9 @@ class _Handler(BaseHTTPRequestHandler):
                 with fake._state.lock:
                     watcher.queue.put(_bookmark(watcher.resource, fake._state.rv))
                 next_bookmark = now + fake.bookmark_interval
+            if not fake._flowing.is_set():
+                fake._flowing.wait(min(0.05, max(deadline - now, 0.001)))
+                continue
             wait = min(deadline, next_bookmark if watcher.bookmarks else deadline) - now
             try:
                 item = watcher.queue.get(timeout=max(wait, 0.001))
