@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean
+.PHONY: run test setup certs clean bench-watch
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ run: $(STAMP) certs/tls.crt
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes)
+bench-watch: $(STAMP)
+	$(PY) bench/watch_bench.py
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
