@@ -344,6 +344,9 @@ class Informer:
             "_request_timeout": (self.opts.connect_timeout, min(self.opts.idle_timeout, timeout + 30)),
         })
         self._response = resp
+        if self._stop.is_set():  # stop() ran before there was a response to shut down
+            resp.release_conn()
+            return 0
         self._streaming = True
         self.last_heard = time.monotonic()
         self._suspect_since = None
