@@ -449,7 +449,7 @@ class Informer:
                 return Outcome("forbidden", problem=f"403 forbidden: RBAC does not allow list/watch of {what}: {message}",
                                level=logging.ERROR)
             if code == 401:
-                return Outcome("unauthorized", problem=f"401 unauthorized: the API server rejected our credentials",
+                return Outcome("unauthorized", problem="401 unauthorized: the API server rejected our credentials",
                                level=logging.ERROR)
             if code == 0:
                 return Outcome("connection", problem=f"cannot reach the API server: {exc.reason}")
@@ -538,7 +538,7 @@ class ClusterWatch:
                 metrics.cache_synced.labels(s.kind).set(0)
                 metrics.cache_objects.labels(s.kind).set_function(lambda k=s.kind: self.store.counts()[k])
 
-    def start(self) -> "ClusterWatch":
+    def start(self) -> ClusterWatch:
         for inf in self.informers:
             inf.start()
         return self

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
@@ -129,7 +130,7 @@ class _Watcher:
     namespace: str
     selector: list
     bookmarks: bool
-    queue: "queue.SimpleQueue[Any]" = field(default_factory=queue.SimpleQueue)
+    queue: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
 
     def wants(self, change: _Change) -> str | None:
         """The event type this watcher should see for a change, or None.
@@ -243,7 +244,7 @@ class FakeApiServer:
 
     # ---- lifecycle --------------------------------------------------------------------------
 
-    def start(self) -> "FakeApiServer":
+    def start(self) -> FakeApiServer:
         self._httpd = _HTTPServer(("127.0.0.1", self._port), _Handler, self)
         self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -254,7 +255,7 @@ class FakeApiServer:
     def stop(self) -> None:
         self.down()
 
-    def __enter__(self) -> "FakeApiServer":
+    def __enter__(self) -> FakeApiServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -684,7 +685,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, res.status(404, f"{resource.id} subresource {sub!r} is not served by the fake", "NotFound"))
         handler = getattr(self, "_" + verb, None)
         if handler is None:
-            return self._send(405, res.status(405, f"the server does not allow this method on the requested resource"))
+            return self._send(405, res.status(405, "the server does not allow this method on the requested resource"))
         return handler(resource, namespace, name, body)
 
     def _verb(self, route: tuple | None) -> str:
@@ -945,7 +946,7 @@ class _Handler(BaseHTTPRequestHandler):
                 patched = _merge(obj, patch)  # strategic merge treated as JSON merge (lists replaced)
             else:
                 return self._patched(resource, namespace, name, ctype, patch, 415,
-                                     res.status(415, f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"))
+                                     res.status(415, "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"))
             asked = str((patched.get("metadata") or {}).get("resourceVersion") or "")
             if asked and asked != str(current.rv):
                 return self._patched(resource, namespace, name, ctype, patch, 409, _conflict(resource, name))
