@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints
+.PHONY: run test setup certs clean fuzz simulate constraints bench-watch
 
 setup: $(STAMP)
 
@@ -41,6 +41,10 @@ fuzz: $(STAMP)
 	cp examples/demo-snapshot.yaml build/fuzz/snapshot/
 	$(PY) fuzz/fuzz_targets.py admission -max_total_time=60 build/fuzz/admission
 	$(PY) fuzz/fuzz_targets.py snapshot -max_total_time=60 -max_len=65536 build/fuzz/snapshot
+
+# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes)
+bench-watch: $(STAMP)
+	$(PY) bench/watch_bench.py
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis

@@ -286,3 +286,16 @@ def test_absent_kubevirt_api_and_forbidden_kinds_are_named_in_readyz(api, guard,
     api.restore_api("kubevirt.io")
     api.allow("node")
     eventually(lambda: http.get("/readyz").status_code == 200, what="readiness once KubeVirt is there")
+
+
+def test_a_silent_watch_is_presumed_dead_and_reopened(api, guard):
+    api.bookmark_interval = 3600  # a server that never sends bookmarks: silence is all we get
+    seed(api)
+    quiet = LoopOptions(page_size=100, watch_timeout=30, idle_timeout=0.3, backoff_base=0.05, backoff_cap=0.3)
+    watch, _, metrics = guard(options=quiet)
+    assert watch.wait_synced(5)
+    eventually(lambda: restarts(metrics, "node", "idle") >= 2, what="idle watches to be reopened")
+    assert len(api.requests_for("node", watch=False)) == 1  # resumed, not relisted
+    assert watch.health().stale == frozenset() and "node" not in watch.readiness_detail()
+    api.put(o.node("worker-c"))
+    eventually(lambda: watch.store.node("worker-c"), what="a change after the reopen")

@@ -10,13 +10,17 @@ reader sees either the old or the new value, never a half-written one.
 Every query policy makes is O(1) or O(answer): pods, VMIs and nodes by key,
 migrations by (namespace, VMI name) and by uid, and for the node budget the
 VMIs that may be leaving a node, kept as a precomputed index.
+
+Namespaced kinds are kept as ``{namespace: {name: record}}`` rather than keyed
+by ``(namespace, name)`` tuples: with 700,000 objects the tuples alone would
+cost ~50 MB, while there are only a few hundred namespaces.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Union
+from typing import Any, Union
 
 from app.cluster.records import LauncherPod, MigrationRecord, NodeRecord, VMIRecord
 
@@ -26,16 +30,17 @@ KINDS = (VMI, VMIM, POD, NODE)
 Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord]
 Key = Union[tuple[str, str], str]
 _EMPTY: tuple = ()
+_NO_NS: dict = {}  # stands in for an absent namespace; never written to
 
 
 class ClusterStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pods: dict[tuple[str, str], LauncherPod] = {}
-        self._vmis: dict[tuple[str, str], VMIRecord] = {}
+        self._pods: dict[str, dict[str, LauncherPod]] = {}
+        self._vmis: dict[str, dict[str, VMIRecord]] = {}
         self._nodes: dict[str, NodeRecord] = {}
-        self._vmims: dict[tuple[str, str], MigrationRecord] = {}
-        self._vmims_by_vmi: dict[tuple[str, str], tuple[MigrationRecord, ...]] = {}
+        self._vmims: dict[str, dict[str, MigrationRecord]] = {}
+        self._vmims_by_vmi: dict[str, dict[str, tuple[MigrationRecord, ...]]] = {}
         self._vmims_by_uid: dict[str, MigrationRecord] = {}
         # node -> keys of VMIs that may be leaving it; vmi key -> that node
         self._leaving: dict[str, frozenset[tuple[str, str]]] = {}
@@ -44,16 +49,16 @@ class ClusterStore:
     # ---- queries (lock-free) -------------------------------------------------
 
     def pod(self, namespace: str, name: str) -> LauncherPod | None:
-        return self._pods.get((namespace, name))
+        return self._pods.get(namespace, _NO_NS).get(name)
 
     def vmi(self, namespace: str, name: str) -> VMIRecord | None:
-        return self._vmis.get((namespace, name))
+        return self._vmis.get(namespace, _NO_NS).get(name)
 
     def node(self, name: str) -> NodeRecord | None:
         return self._nodes.get(name)
 
     def migrations(self, namespace: str, vmi_name: str) -> tuple[MigrationRecord, ...]:
-        return self._vmims_by_vmi.get((namespace, vmi_name), _EMPTY)
+        return self._vmims_by_vmi.get(namespace, _NO_NS).get(vmi_name, _EMPTY)
 
     def migration_by_uid(self, uid: str) -> MigrationRecord | None:
         return self._vmims_by_uid.get(uid)
@@ -62,17 +67,21 @@ class ClusterStore:
         """VMIs that may be leaving ``node``: marked for evacuation from it, or with a
         migration in flight (per their own state or an unfinished VMIM) while on it.
         Policy decides which of them count."""
-        vmis = self._vmis
-        return [v for k in self._leaving.get(node, _EMPTY) if (v := vmis.get(k)) is not None]
+        return [v for ns, name in self._leaving.get(node, _EMPTY) if (v := self.vmi(ns, name)) is not None]
 
     def vmis(self) -> list[VMIRecord]:
-        return list(self._vmis.values())
+        return [v for names in list(self._vmis.values()) for v in list(names.values())]
 
     def pods(self) -> list[LauncherPod]:
-        return list(self._pods.values())
+        return [p for names in list(self._pods.values()) for p in list(names.values())]
 
     def counts(self) -> dict[str, int]:
-        return {VMI: len(self._vmis), VMIM: len(self._vmims), POD: len(self._pods), NODE: len(self._nodes)}
+        return {
+            VMI: _count(self._vmis),
+            VMIM: _count(self._vmims),
+            POD: _count(self._pods),
+            NODE: len(self._nodes),
+        }
 
     # ---- writes --------------------------------------------------------------
 
@@ -82,20 +91,22 @@ class ClusterStore:
 
     def delete(self, kind: str, key: Key) -> None:
         with self._lock:
+            if kind == NODE:
+                self._nodes.pop(key, None)  # type: ignore[call-overload]
+                return
+            if kind not in (POD, VMI, VMIM):
+                raise ValueError(f"unknown kind {kind!r}")
+            ns, name = key  # type: ignore[misc]
             if kind == POD:
-                self._pods.pop(key, None)  # type: ignore[arg-type]
-            elif kind == NODE:
-                self._nodes.pop(key, None)  # type: ignore[arg-type]
+                _pop(self._pods, ns, name)
             elif kind == VMI:
-                if self._vmis.pop(key, None) is not None:  # type: ignore[arg-type]
-                    self._refresh_leaving(key)  # type: ignore[arg-type]
-            elif kind == VMIM:
-                old = self._vmims.pop(key, None)  # type: ignore[arg-type]
+                if _pop(self._vmis, ns, name) is not None:
+                    self._refresh_leaving((ns, name))
+            else:
+                old = _pop(self._vmims, ns, name)
                 if old is not None:
                     self._unindex_vmim(old)
                     self._refresh_leaving((old.namespace, old.vmi_name))
-            else:
-                raise ValueError(f"unknown kind {kind!r}")
 
     def replace(self, kind: str, records: Iterable[Record]) -> None:
         """Swap in the complete set of one kind (after a list or relist).
@@ -103,32 +114,33 @@ class ClusterStore:
         Objects deleted while a watch was down are simply absent from the new
         list; replacing the whole kind at once is what makes them disappear.
         """
-        if kind == POD:
-            pods = {r.key: r for r in records}  # type: ignore[union-attr]
-            with self._lock:
-                self._pods = pods  # type: ignore[assignment]
-        elif kind == NODE:
+        if kind == NODE:
             nodes = {r.key: r for r in records}  # type: ignore[union-attr]
             with self._lock:
                 self._nodes = nodes  # type: ignore[assignment]
-        elif kind == VMI:
-            vmis = {r.key: r for r in records}  # type: ignore[union-attr]
+        elif kind == POD:
+            pods = _nest(records)
             with self._lock:
-                self._vmis = vmis  # type: ignore[assignment]
+                self._pods = pods
+        elif kind == VMI:
+            vmis = _nest(records)
+            with self._lock:
+                self._vmis = vmis
                 self._rebuild_leaving()
         elif kind == VMIM:
-            vmims: dict = {}
-            grouped: dict[tuple[str, str], list[MigrationRecord]] = {}
+            vmims = _nest(records)
+            grouped: dict[str, dict[str, list[MigrationRecord]]] = {}
             by_uid: dict[str, MigrationRecord] = {}
-            for r in records:
-                vmims[r.key] = r  # type: ignore[union-attr]
-            for r in vmims.values():
-                grouped.setdefault((r.namespace, r.vmi_name), []).append(r)
-                if r.uid:
-                    by_uid[r.uid] = r
+            for ns, names in vmims.items():
+                per_vmi = grouped.setdefault(ns, {})
+                for r in names.values():
+                    per_vmi.setdefault(r.vmi_name, []).append(r)
+                    if r.uid:
+                        by_uid[r.uid] = r
+            by_vmi = {ns: {v: tuple(ms) for v, ms in per.items()} for ns, per in grouped.items()}
             with self._lock:
                 self._vmims = vmims
-                self._vmims_by_vmi = {k: tuple(v) for k, v in grouped.items()}
+                self._vmims_by_vmi = by_vmi
                 self._vmims_by_uid = by_uid
                 self._rebuild_leaving()
         else:
@@ -138,39 +150,43 @@ class ClusterStore:
 
     def _put(self, record: Record) -> None:
         if isinstance(record, LauncherPod):
-            self._pods[record.key] = record
+            self._pods.setdefault(record.namespace, {})[record.name] = record
         elif isinstance(record, NodeRecord):
             self._nodes[record.key] = record
         elif isinstance(record, VMIRecord):
-            self._vmis[record.key] = record
+            self._vmis.setdefault(record.namespace, {})[record.name] = record
             self._refresh_leaving(record.key)
         elif isinstance(record, MigrationRecord):
-            old = self._vmims.get(record.key)
+            ns = record.namespace
+            old = self._vmims.get(ns, _NO_NS).get(record.name)
             if old is not None:
                 self._unindex_vmim(old)
-            self._vmims[record.key] = record
-            vkey = (record.namespace, record.vmi_name)
-            self._vmims_by_vmi[vkey] = self._vmims_by_vmi.get(vkey, _EMPTY) + (record,)
+            self._vmims.setdefault(ns, {})[record.name] = record
+            per_vmi = self._vmims_by_vmi.setdefault(ns, {})
+            per_vmi[record.vmi_name] = per_vmi.get(record.vmi_name, _EMPTY) + (record,)
             if record.uid:
                 self._vmims_by_uid[record.uid] = record
-            self._refresh_leaving(vkey)
+            self._refresh_leaving((ns, record.vmi_name))
             if old is not None and old.vmi_name != record.vmi_name:
                 self._refresh_leaving((old.namespace, old.vmi_name))
         else:
             raise TypeError(f"not a record: {type(record).__name__}")
 
     def _unindex_vmim(self, old: MigrationRecord) -> None:
-        vkey = (old.namespace, old.vmi_name)
-        rest = tuple(m for m in self._vmims_by_vmi.get(vkey, _EMPTY) if m.key != old.key)
-        if rest:
-            self._vmims_by_vmi[vkey] = rest
-        else:
-            self._vmims_by_vmi.pop(vkey, None)
+        per_vmi = self._vmims_by_vmi.get(old.namespace)
+        if per_vmi is not None:
+            rest = tuple(m for m in per_vmi.get(old.vmi_name, _EMPTY) if m.name != old.name)
+            if rest:
+                per_vmi[old.vmi_name] = rest
+            else:
+                per_vmi.pop(old.vmi_name, None)
+                if not per_vmi:
+                    del self._vmims_by_vmi[old.namespace]
         if old.uid and self._vmims_by_uid.get(old.uid) is old:
             del self._vmims_by_uid[old.uid]
 
     def _leaving_node(self, key: tuple[str, str]) -> str:
-        vmi = self._vmis.get(key)
+        vmi = self.vmi(*key)
         if vmi is None:
             return ""
         if vmi.evacuation_node:
@@ -178,7 +194,7 @@ class ClusterStore:
         m = vmi.migration
         if m is not None and m.in_flight:
             return m.source_node or vmi.node
-        if vmi.node and any(not x.finished for x in self._vmims_by_vmi.get(key, _EMPTY)):
+        if vmi.node and any(not x.finished for x in self.migrations(*key)):
             return vmi.node
         return ""
 
@@ -201,10 +217,33 @@ class ClusterStore:
     def _rebuild_leaving(self) -> None:
         leaving: dict[str, set[tuple[str, str]]] = {}
         leaving_of: dict[tuple[str, str], str] = {}
-        for key in self._vmis:
-            node = self._leaving_node(key)
-            if node:
-                leaving.setdefault(node, set()).add(key)
-                leaving_of[key] = node
+        for ns, names in self._vmis.items():
+            for name in names:
+                key = (ns, name)
+                node = self._leaving_node(key)
+                if node:
+                    leaving.setdefault(node, set()).add(key)
+                    leaving_of[key] = node
         self._leaving = {n: frozenset(s) for n, s in leaving.items()}
         self._leaving_of = leaving_of
+
+
+def _nest(records: Iterable[Record]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        out.setdefault(r.namespace, {})[r.name] = r  # type: ignore[union-attr]
+    return out
+
+
+def _pop(nested: dict[str, dict[str, Any]], ns: str, name: str) -> Any:
+    names = nested.get(ns)
+    if names is None:
+        return None
+    old = names.pop(name, None)
+    if not names:
+        nested.pop(ns, None)
+    return old
+
+
+def _count(nested: dict[str, dict[str, Any]]) -> int:
+    return sum(len(names) for names in list(nested.values()))

@@ -53,6 +53,7 @@ Use::
         api.fail(500, times=2, kind="vmi", verbs=["list"])
         api.fail(429, retry_after=1)
         api.set_latency(0.5, kind="pod")
+        api.hold_streams(); api.release_streams()  # queue watch events, then flush them in a burst
         api.remove_api("kubevirt.io"); api.restore_api("kubevirt.io")
         api.forbid("vmim"); api.allow("vmim")
         api.down(); api.up()

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
@@ -129,7 +130,7 @@ class _Watcher:
     namespace: str
     selector: list
     bookmarks: bool
-    queue: "queue.SimpleQueue[Any]" = field(default_factory=queue.SimpleQueue)
+    queue: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
 
     def wants(self, change: _Change) -> str | None:
         """The event type this watcher should see for a change, or None.
@@ -238,10 +239,12 @@ class FakeApiServer:
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
 
     # ---- lifecycle --------------------------------------------------------------------------
 
-    def start(self) -> "FakeApiServer":
+    def start(self) -> FakeApiServer:
         self._httpd = _HTTPServer(("127.0.0.1", self._port), _Handler, self)
         self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -252,7 +255,7 @@ class FakeApiServer:
     def stop(self) -> None:
         self.down()
 
-    def __enter__(self) -> "FakeApiServer":
+    def __enter__(self) -> FakeApiServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -326,7 +329,7 @@ class FakeApiServer:
                 raise KeyError(f"{resource.id} {_key(resource, obj)} already exists")
             return self._store(resource, copy.deepcopy(obj))
 
-    def load(self, objects: Iterable[dict | bytes], kind: str | Resource | None = None) -> int:
+    def load(self, objects: Iterable[dict | bytes], kind: str | Resource | None = None, copy_objects: bool = True) -> int:
         """Bulk-load objects without history (for benchmarks): a watch from before this needs a relist.
 
         Items may be dicts or already-serialized JSON bytes (then ``kind`` names
@@ -344,7 +347,7 @@ class FakeApiServer:
                     st.objects[resource][_key(resource, obj)] = _Obj(bytes(item), (obj.get("metadata") or {}).get("labels") or {}, rv)
                 else:
                     resource = res.resource_of(item)
-                    obj = copy.deepcopy(item)
+                    obj = copy.deepcopy(item) if copy_objects else item
                     meta = self._stamp(obj)
                     st.objects[resource][_key(resource, obj)] = _Obj(orjson.dumps(obj), meta.get("labels") or {},
                                                                      int(meta["resourceVersion"]))
@@ -419,6 +422,14 @@ class FakeApiServer:
                 w.queue.put(line)
         return len(hit)
 
+    def hold_streams(self) -> None:
+        """Stop writing to open watches; their events queue up (a slow or stalled server)."""
+        self._flowing.clear()
+
+    def release_streams(self) -> None:
+        """Write everything held back, in big chunks, as a server catching up does."""
+        self._flowing.set()
+
     def watch_count(self, kind: str | Resource | None = None) -> int:
         resource = res.resolve(kind) if kind is not None else None
         with self._state.lock:
@@ -486,8 +497,10 @@ class FakeApiServer:
 
     def _stamp(self, obj: dict) -> dict:
         meta = obj.setdefault("metadata", {})
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", _now_rfc3339())
+        if not meta.get("uid"):
+            meta["uid"] = str(uuid.uuid4())
+        if not meta.get("creationTimestamp"):
+            meta["creationTimestamp"] = _now_rfc3339()
         meta["resourceVersion"] = str(self._state.next_rv())
         return meta
 
@@ -612,6 +625,7 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stalls
     server: _HTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
@@ -671,7 +685,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, res.status(404, f"{resource.id} subresource {sub!r} is not served by the fake", "NotFound"))
         handler = getattr(self, "_" + verb, None)
         if handler is None:
-            return self._send(405, res.status(405, f"the server does not allow this method on the requested resource"))
+            return self._send(405, res.status(405, "the server does not allow this method on the requested resource"))
         return handler(resource, namespace, name, body)
 
     def _verb(self, route: tuple | None) -> str:
@@ -818,6 +832,9 @@ class _Handler(BaseHTTPRequestHandler):
                 with fake._state.lock:
                     watcher.queue.put(_bookmark(watcher.resource, fake._state.rv))
                 next_bookmark = now + fake.bookmark_interval
+            if not fake._flowing.is_set():
+                fake._flowing.wait(min(0.05, max(deadline - now, 0.001)))
+                continue
             wait = min(deadline, next_bookmark if watcher.bookmarks else deadline) - now
             try:
                 item = watcher.queue.get(timeout=max(wait, 0.001))
@@ -929,7 +946,7 @@ class _Handler(BaseHTTPRequestHandler):
                 patched = _merge(obj, patch)  # strategic merge treated as JSON merge (lists replaced)
             else:
                 return self._patched(resource, namespace, name, ctype, patch, 415,
-                                     res.status(415, f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"))
+                                     res.status(415, "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"))
             asked = str((patched.get("metadata") or {}).get("resourceVersion") or "")
             if asked and asked != str(current.rv):
                 return self._patched(resource, namespace, name, ctype, patch, 409, _conflict(resource, name))
