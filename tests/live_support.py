@@ -26,15 +26,22 @@ from tests.guard_process import GuardProcess
 JSON = {"Content-Type": "application/json"}
 
 
-def start_guard(workdir: Path, api: FakeApiServer, *extra: str, certs: dict | None = None) -> GuardProcess:
-    """A guard watching ``api``, listening on a free port, waited for until /readyz is 200."""
+def start_guard(workdir: Path, api: FakeApiServer, *extra: str, certs: dict | None = None,
+                wait: bool = True) -> GuardProcess:
+    """A guard watching ``api``, listening on a free port, waited for (``wait_ready``) unless ``wait=False``."""
     workdir.mkdir(parents=True, exist_ok=True)
     kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
     guard = GuardProcess(workdir, ["--kubeconfig", str(kubeconfig), "--shutdown-drain", "0s", *extra], certs=certs)
-    guard.wait_healthy()
-    with guard.client() as http:
-        eventually(lambda: http.get("/readyz").status_code == 200, timeout=20, what="the guard to sync")
+    if wait:
+        wait_ready(guard)
     return guard
+
+
+def wait_ready(guard: GuardProcess, timeout: float = 30) -> None:
+    """Until the process answers /healthz and has listed every kind (/readyz 200)."""
+    guard.wait_healthy(timeout)
+    with guard.client() as http:
+        eventually(lambda: http.get("/readyz").status_code == 200, timeout=timeout, what="the guard to sync")
 
 
 def eventually(check: Callable[[], object], timeout: float = 5.0, what: str = "condition", every: float = 0.01):
