@@ -112,7 +112,8 @@ class Cluster:
         if step > 0:
             prev = step - 1
             for kind, name in (("vmim", f"syncm-mig-{prev}"), ("pod", f"virt-launcher-sync-{prev}"),
-                               ("pod", f"virt-launcher-syncm-{prev}"), ("vmi", f"sync-{prev}"), ("vmi", f"syncm-{prev}")):
+                               ("pod", f"virt-launcher-syncm-{prev}"), ("vmi", f"sync-{prev}"),
+                               ("vmi", f"syncm-{prev}")):
                 self.api.delete(kind, SYNC, name)
             self.api.delete("node", "", f"sync-node-{prev}")
         now = time.time()
