@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate
+.PHONY: run test setup certs clean fuzz simulate reliability
 
 setup: $(STAMP)
 
@@ -56,3 +56,9 @@ $(SIM_STAMP): $(STAMP)
 
 simulate: $(SIM_STAMP)
 	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --out sim-out --readme README.md
+
+# The reliability tests (API faults, replicas, forged reviews; all part of `make test`) with their figures
+# printed; also written to build/reliability/*.json.
+reliability: $(STAMP)
+	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
+	  tests/effects/test_forged_reviews.py

@@ -26,6 +26,7 @@ import collections
 import copy
 import queue
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -615,6 +616,12 @@ class _HTTPServer(ThreadingHTTPServer):
     def __init__(self, addr: tuple[str, int], handler: type, fake: FakeApiServer) -> None:
         self.fake = fake
         super().__init__(addr, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client hanging up mid-request (a watch closed, a reset) is routine here, not a traceback on stderr."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
     def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
         self.fake._track(request, True)
