@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench-watch
+.PHONY: run test setup certs clean fuzz simulate constraints bench-watch reliability
 
 setup: $(STAMP)
 
@@ -66,3 +66,9 @@ constraints: $(STAMP)
 	@{ echo "# Pinned versions for the container image (Dockerfile: pip install --constraint constraints.txt)."; \
 	  echo "# Regenerate with 'make constraints' after 'make setup' (pip freeze of the working virtualenv)."; \
 	  $(PY) -m pip freeze --exclude-editable --disable-pip-version-check; } > constraints.txt
+
+# The reliability tests (API faults, replicas, forged reviews; all part of `make test`) with their figures
+# printed; also written to build/reliability/*.json.
+reliability: $(STAMP)
+	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
+	  tests/effects/test_forged_reviews.py

@@ -39,8 +39,17 @@ trying and says so (``/readyz``, ``cache_stale``, the logs, the metrics).
 Why a read timeout on an open watch: a TCP connection can die without a FIN
 (a NAT table flushed, a node lost). The API server sends a BOOKMARK about every
 minute on a watch that asked for them, so a watch that has been silent for
-``idle_timeout`` (150 s) is presumed dead and reopened; the time since it last
-spoke counts towards staleness.
+``idle_timeout`` (150 s), or for the staleness threshold if that is shorter, is
+presumed dead and reopened; the time since it last spoke counts towards
+staleness. Capping the silence at the threshold is what keeps a dead but open
+watch (whose kind still looks healthy) from serving data older than it.
+
+Why relist, not resume, after an outage longer than the staleness threshold: a
+resumed watch counts as healthy the moment it opens, but the backlog it replays
+(every change made during the outage) takes a while to apply; in between, the
+kind would look fresh while holding data older than the threshold. A list
+replaces the whole kind in one step before the kind counts as fresh again.
+Shorter breaks resume as usual: their backlog is younger than the threshold.
 
 Why raw JSON: ``_preload_content=False`` and orjson, never the client's model
 classes. Building ``V1Pod`` objects for 100,000 pods costs seconds of CPU and
@@ -56,6 +65,7 @@ large kind adds some latency to concurrent admission requests, never wrong answe
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -225,6 +235,7 @@ class Informer:
         metrics: Metrics | None = None,
         options: LoopOptions = LoopOptions(),
         list_gate: threading.Semaphore | None = None,
+        stale_after: Callable[[], float] = lambda: math.inf,
     ) -> None:
         self.spec, self.api, self.store, self.status = spec, api, store, status
         # one (re)list at a time across kinds: parsing holds the GIL anyway, and interleaving four
@@ -232,6 +243,7 @@ class Informer:
         self.list_gate = list_gate if list_gate is not None else threading.Semaphore(1)
         self.metrics = metrics
         self.opts = options
+        self.stale_after = stale_after  # the health board's threshold, read when needed (settings may change it)
         self.backoff = Backoff(options.backoff_base, options.backoff_cap)
         self.resource_version: str | None = None  # None: must (re)list
         self.last_heard = 0.0  # monotonic time of the last byte from a watch
@@ -271,6 +283,10 @@ class Informer:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
+                if self.resource_version is not None and self.status.stale(self.stale_after()):
+                    log.info("watch broken for longer than the staleness threshold; relisting",
+                             extra={"kind": self.spec.kind})
+                    self.resource_version = None
                 if self.resource_version is None:
                     with self.list_gate:
                         self.resource_version = self._list()
@@ -341,7 +357,8 @@ class Informer:
             "allow_watch_bookmarks": True,
             "timeout_seconds": timeout,
             "_preload_content": False,
-            "_request_timeout": (self.opts.connect_timeout, min(self.opts.idle_timeout, timeout + 30)),
+            "_request_timeout": (self.opts.connect_timeout,
+                                 min(self.opts.idle_timeout, timeout + 30, self.stale_after())),
         })
         self._response = resp
         if self._stop.is_set():  # stop() ran before there was a response to shut down
@@ -532,7 +549,8 @@ class ClusterWatch:
         statuses = [KindStatus(k, clock) for k in kinds]
         self.board = CacheHealthBoard(statuses, stale_after)
         gate = threading.Semaphore(1)
-        self.informers = [Informer(SPECS[s.kind], api, self.store, s, metrics, options, gate) for s in statuses]
+        self.informers = [Informer(SPECS[s.kind], api, self.store, s, metrics, options, gate,
+                                   stale_after=lambda: self.board.stale_after) for s in statuses]
         if metrics is not None:
             for s in statuses:
                 metrics.cache_synced.labels(s.kind).set(0)

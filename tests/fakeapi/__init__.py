@@ -46,6 +46,7 @@ Use::
         api.delete("vmi", "vms", "db")        # DELETED to watchers
         api.cut_streams("pod")                # drop watch connections mid-stream
         api.cut_streams(clean=True)           # end them as at timeoutSeconds
+        api.stall_streams("vmi")              # silent, never closed: a dead connection without a FIN
         api.compact()                         # older versions now 410 Expired
         api.compact(expire_watches=True)      # ... and tell open watches so now
         api.send_bookmarks()

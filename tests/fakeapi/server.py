@@ -26,6 +26,7 @@ import collections
 import copy
 import queue
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -131,6 +132,7 @@ class _Watcher:
     selector: list
     bookmarks: bool
     queue: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    stalled: bool = False  # a dead connection: nothing more reaches the client, not even its end
 
     def wants(self, change: _Change) -> str | None:
         """The event type this watcher should see for a change, or None.
@@ -399,6 +401,19 @@ class FakeApiServer:
                 w.queue.put(_CUT_CLEAN if clean else _CUT_ABRUPT)
         return len(hit)
 
+    def stall_streams(self, kind: str | Resource | None = None) -> int:
+        """Open watches go silent without closing, as when a NAT or conntrack entry is dropped: no event, no
+        bookmark, no end at ``timeoutSeconds`` ever reaches the client; what they would have sent is lost
+        (a new watch replays it from history). Only a cut or ``down()`` ends them. Returns how many."""
+        resource = res.resolve(kind) if kind is not None else None
+        st = self._state
+        with st.lock:
+            hit = [w for w in st.watchers if resource is None or w.resource == resource]
+            for w in hit:
+                w.stalled = True
+                w.queue.put(None)  # wake the handler so it notices now
+        return len(hit)
+
     def compact(self, rv: int | None = None, expire_watches: bool = False) -> None:
         """Forget history up to ``rv`` (default: now). A watch resuming from an older version then gets
         ``410 Expired``; with ``expire_watches`` every open watch gets that ERROR event right away."""
@@ -615,6 +630,12 @@ class _HTTPServer(ThreadingHTTPServer):
         self.fake = fake
         super().__init__(addr, handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client hanging up mid-request (a watch closed, a reset) is routine here, not a traceback on stderr."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
     def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
         self.fake._track(request, True)
         try:
@@ -825,6 +846,8 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.fake
         next_bookmark = time.monotonic() + fake.bookmark_interval
         while True:
+            if watcher.stalled:
+                return self._stalled(watcher)
             now = time.monotonic()
             if now >= deadline:
                 return self._end()
@@ -842,6 +865,8 @@ class _Handler(BaseHTTPRequestHandler):
                 continue
             batch = []
             while True:
+                if item is None:  # a wake-up from stall_streams
+                    break
                 if item is _CUT_CLEAN:
                     if batch:
                         self._chunk(b"".join(batch))
@@ -859,7 +884,15 @@ class _Handler(BaseHTTPRequestHandler):
                     item = watcher.queue.get_nowait()
                 except queue.Empty:
                     break
-            self._chunk(b"".join(batch))
+            if batch:
+                self._chunk(b"".join(batch))
+
+    def _stalled(self, watcher: _Watcher) -> None:
+        """Say nothing until a cut, then drop the connection (a dead one has no clean end)."""
+        while watcher.queue.get() not in (_CUT_CLEAN, _CUT_ABRUPT):
+            pass
+        self.close_connection = True
+        _shutdown(self.connection)
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
