@@ -9,6 +9,7 @@ import uvicorn
 
 from app.admission.server import GuardContext, create_app, log_decision
 from app.cli import UsageError, clock, load_store, policy_settings
+from app.logs import batch_writes
 from app.tls import server_context
 
 log = logging.getLogger("kubevirt_eviction_guard")
@@ -45,6 +46,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     config.load()
     config.ssl = ssl_ctx  # ours: TLS 1.2 minimum, optional client-certificate verification
+    batch_writes()  # one log line per decision: write them in batches (logs.BatchingStreamHandler)
     log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings)})
     uvicorn.Server(config).run()
     return 0

