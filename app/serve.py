@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 
 import uvicorn
@@ -30,6 +31,11 @@ def build_context(args: argparse.Namespace) -> GuardContext:
 def serve(args: argparse.Namespace) -> int:
     ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
     ctx = build_context(args)
+    # The loaded state lives as long as the process; keep it out of the cyclic GC, whose full
+    # collections would otherwise walk it again and again (about 0.2 s each with 100,000 VMIs,
+    # every few seconds under load: the whole p99).
+    gc.collect()
+    gc.freeze()
     config = uvicorn.Config(
         create_app(ctx),
         host=args.host,

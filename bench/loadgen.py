@@ -5,9 +5,10 @@ server is doing, and its latency is measured from that *intended* time, not
 from when a connection was free to send it. A server that stalls therefore
 shows the stall in every request that queued behind it (no coordinated
 omission). Due requests go to whichever keep-alive connection is idle; when
-all are busy they wait, and the wait counts. The event loop wakes about once a
-millisecond, so the generator's own lateness (intended -> sent) is measured and
-reported, identical for every server it drives.
+all are busy they wait, and the wait counts. A thread keeps the clock (sleeping
+to the microsecond, which the event loop's millisecond timers cannot); the
+generator's own lateness (intended -> sent) is measured and reported, and so is
+the service time from the actual send.
 
 Closed loop (``--closed``): every connection sends its next request as soon as
 the previous answer arrives; the completed count over the window is the
@@ -151,16 +152,30 @@ async def open_loop(conns: list[Connection], reqs: list[bytes], rate: float, dur
             tally.answer(status, body)
 
     workers = [asyncio.ensure_future(worker(c)) for c in conns]
-    start = now() + 0.01
+    loop = asyncio.get_running_loop()
+    start = now() + 0.05
     n = len(reqs)
-    i = 0
-    while i < total:
-        due = min(total, math.floor((now() - start) * rate) + 1)
-        while i < due:
+
+    def due(first: int, last: int) -> None:  # on the loop: requests first..last-1 are due
+        for i in range(first, last):
             queue.put_nowait((start + i / rate, reqs[i % n]))
-            i += 1
-        if i < total:
-            await asyncio.sleep(max(0.0, start + i / rate - now()))
+
+    def pace() -> None:
+        """The clock, in a thread: time.sleep wakes within tens of microseconds, the event
+        loop's timers only to the millisecond (and uvloop's turn sub-millisecond sleeps
+        into a busy loop). While the loop waits for I/O it holds no GIL, so the wake-up
+        reaches it at once; while it is busy, the request waits, and the wait counts."""
+        i = 0
+        while i < total:
+            delay = start + i / rate - now()
+            if delay > 0:
+                time.sleep(delay)
+            last = min(total, math.floor((now() - start) * rate) + 1)
+            loop.call_soon_threadsafe(due, i, last)
+            i = last
+
+    sys.setswitchinterval(0.0002)  # hand the GIL to the pacer promptly when it wakes
+    await loop.run_in_executor(None, pace)
     for _ in workers:
         queue.put_nowait(None)
     _, pending = await asyncio.wait(workers, timeout=drain)
