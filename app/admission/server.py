@@ -22,7 +22,7 @@ from app.admission import review as rv
 from app.admission.asgi import AdmissionEndpoint, GuardApp
 from app.metrics import Metrics
 from app.policy import decide
-from app.policy.model import CacheHealth, ClusterView, Decision, PolicySettings
+from app.policy.model import HEALTHY, CacheHealth, ClusterView, Decision, PolicySettings
 
 log = logging.getLogger("kubevirt_eviction_guard.admission")
 JSON = "application/json"
@@ -35,7 +35,7 @@ class GuardContext:
 
     view: ClusterView
     settings: PolicySettings
-    health: Callable[[float], CacheHealth] = lambda now: CacheHealth()
+    health: Callable[[float], CacheHealth] = lambda now: HEALTHY
     readiness_detail: Callable[[], dict] = dict  # per-kind "why not ready", for /readyz
     clock: Callable[[], float] = time.time
     metrics: Metrics = field(default_factory=Metrics)
