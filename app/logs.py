@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 import threading
@@ -52,44 +53,67 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-FLUSH_INTERVAL = 0.1  # seconds an INFO line may wait in the batch
-MAX_BATCH = 512  # lines; a fuller batch is written at once
+FLUSH_INTERVAL = 0.1  # seconds an INFO line may wait to be written
+WAKE_AT = 512  # pending lines that wake the writer before the interval is up
+MAX_PENDING = 50_000  # lines held while the reader of stderr is stuck; beyond that, lines are dropped
 
 
 class BatchingStreamHandler(logging.StreamHandler):
-    """A StreamHandler that writes lines in batches: at one line per admission decision,
-    a write to stderr per line (a system call, and a wake-up of whatever reads the pipe)
-    costs more than building the line. INFO and below wait up to ``FLUSH_INTERVAL``
-    (a daemon thread flushes); WARNING and above are written at once, with everything
-    queued before them. ``flush()`` and ``close()`` (``logging.shutdown`` at exit) write
-    what is pending, so nothing is lost short of the process being killed."""
+    """A StreamHandler whose writes happen in a background thread, in batches.
+
+    At one line per admission decision, writing each line to stderr (a system call,
+    and a wake-up of whatever reads the pipe) costs more than building it, and a
+    slow reader of the pipe would stall the event loop inside ``write``. Here the
+    logging thread only appends the formatted line to a deque (atomic, no I/O); a
+    daemon thread writes what is pending every ``FLUSH_INTERVAL`` seconds, at once
+    for WARNING and above or when ``WAKE_AT`` lines are waiting, and ``flush()`` /
+    ``close()`` (``logging.shutdown`` at exit) write everything. Only the writer
+    thread blocks on a slow reader; if lines pile up past ``MAX_PENDING`` they are
+    dropped and counted, and the count is written as soon as writing works again."""
 
     def __init__(self, stream, interval: float = FLUSH_INTERVAL) -> None:
         super().__init__(stream)
-        self._pending: list[str] = []
+        self._pending: collections.deque[str] = collections.deque()
+        self._write_lock = threading.Lock()  # one writer at a time keeps batches in order
+        self._wake = threading.Event()
         self._stop = threading.Event()
-        threading.Thread(target=self._flush_every, args=(interval,), name="log-flush", daemon=True).start()
+        self.dropped = 0
+        threading.Thread(target=self._write_every, args=(interval,), name="log-writer", daemon=True).start()
 
-    def emit(self, record: logging.LogRecord) -> None:  # called under the handler's lock
+    def emit(self, record: logging.LogRecord) -> None:
         try:
+            if len(self._pending) >= MAX_PENDING:
+                self.dropped += 1
+                return
             self._pending.append(self.format(record) + self.terminator)
-            if record.levelno >= logging.WARNING or len(self._pending) >= MAX_BATCH:
-                self.flush()
+            if record.levelno >= logging.WARNING or len(self._pending) >= WAKE_AT:
+                self._wake.set()
         except RecursionError:
             raise
         except Exception:
             self.handleError(record)
 
     def flush(self) -> None:
-        with self.lock:  # type: ignore[union-attr]
-            if self._pending:
-                text = "".join(self._pending)
-                self._pending.clear()
-                self.stream.write(text)
-            super().flush()
+        """Write every pending line. Never takes the handler's lock (``logging.shutdown``
+        calls this while holding it), so it cannot deadlock with ``emit``."""
+        with self._write_lock:
+            lines = []
+            while self._pending:
+                lines.append(self._pending.popleft())
+            if self.dropped:
+                lines.append(self.format(logging.makeLogRecord({
+                    "name": "kubevirt_eviction_guard.logs", "levelno": logging.WARNING, "levelname": "WARNING",
+                    "msg": f"{self.dropped} log lines dropped: stderr was not being read"})) + self.terminator)
+                self.dropped = 0
+            if lines:
+                self.stream.write("".join(lines))
+            if hasattr(self.stream, "flush"):
+                self.stream.flush()
 
-    def _flush_every(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+    def _write_every(self, interval: float) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
             try:
                 self.flush()
             except Exception:  # a broken stream: those lines are lost, the next batch may fare better
@@ -97,6 +121,7 @@ class BatchingStreamHandler(logging.StreamHandler):
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self.flush()
         super().close()
 

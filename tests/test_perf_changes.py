@@ -28,12 +28,20 @@ def handler(interval: float = 60.0) -> tuple[BatchingStreamHandler, io.StringIO,
     return h, stream, lg
 
 
+def wait_for(stream: io.StringIO, text: str) -> None:
+    deadline = time.monotonic() + 5
+    while text not in stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_info_lines_wait_for_the_batch_and_warnings_push_it_out() -> None:
-    h, stream, lg = handler()
+    h, stream, lg = handler()  # the timer would take a minute
     lg.info("first", extra={"uid": "u1"})
     lg.info("second")
+    time.sleep(0.05)
     assert stream.getvalue() == ""  # batched
     lg.warning("trouble")
+    wait_for(stream, "trouble")
     lines = stream.getvalue().splitlines()
     assert [line.split('"msg":"')[1].split('"')[0] for line in lines] == ["first", "second", "trouble"]
     assert '"uid":"u1"' in lines[0]
@@ -43,9 +51,7 @@ def test_info_lines_wait_for_the_batch_and_warnings_push_it_out() -> None:
 def test_flush_close_and_the_timer_write_what_is_pending() -> None:
     h, stream, lg = handler(interval=0.05)
     lg.info("by the timer")
-    deadline = time.monotonic() + 5
-    while "by the timer" not in stream.getvalue() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(stream, "by the timer")
     assert "by the timer" in stream.getvalue()
     lg.info("by flush")
     h.flush()
@@ -54,6 +60,20 @@ def test_flush_close_and_the_timer_write_what_is_pending() -> None:
     lg2.info("by close")
     h2.close()
     assert "by close" in stream2.getvalue()
+    h.close()
+
+
+def test_lines_beyond_the_limit_are_dropped_and_counted_not_held(monkeypatch) -> None:
+    import app.logs
+
+    monkeypatch.setattr(app.logs, "MAX_PENDING", 3)
+    h, stream, lg = handler()
+    for i in range(5):
+        lg.info(f"line {i}")
+    h.flush()
+    text = stream.getvalue()
+    assert [f"line {i}" in text for i in range(5)] == [True, True, True, False, False]
+    assert '"msg":"2 log lines dropped: stderr was not being read"' in text and '"level":"warning"' in text
     h.close()
 
 
