@@ -29,7 +29,9 @@ import resource
 import ssl
 import sys
 import time
+from array import array
 from collections.abc import Sequence
+from pathlib import Path
 
 import httptools
 import orjson
@@ -269,6 +271,7 @@ async def run(args: argparse.Namespace) -> dict:
         "send_lag_ms": percentiles(tally.lag) if tally.lag else None,
         "client_cpu_s": cpu,
         "client_cpu_share": cpu / wall if wall > 0 else 0.0,
+        "_latencies": tally.latency,
     }
 
 
@@ -277,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--cafile", required=True)
-    p.add_argument("--bodies", required=True, type=lambda s: __import__("pathlib").Path(s))
+    p.add_argument("--bodies", required=True, type=Path)
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--duration", type=float, default=10.0, help="seconds of measured load")
     g = p.add_mutually_exclusive_group(required=True)
@@ -285,8 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--closed", action="store_true", help="closed loop: as fast as the server answers")
     p.add_argument("--warmup", type=float, default=1.0, help="closed loop: seconds before the window opens")
     p.add_argument("--drain", type=float, default=5.0, help="open loop: seconds to wait for late answers")
+    p.add_argument("--samples", type=Path, help="also write every latency (seconds, native float64) to this file")
     args = p.parse_args(argv)
     result = uvloop.run(run(args))
+    if args.samples is not None:
+        with args.samples.open("wb") as f:
+            array("d", result.pop("_latencies")).tofile(f)
+    result.pop("_latencies", None)
     sys.stdout.write(orjson.dumps(result).decode() + "\n")
     return 0
 

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ import orjson
 
 from app.tls import issue_certs, write_certs
 from bench.bodies import build_bodies, write_bodies
+from bench.loadgen import percentiles
 from bench.state import NOW_TEXT, build_state, write_snapshot
 
 HERE = Path(__file__).resolve().parent
@@ -188,14 +190,21 @@ def run_wrk(port: int, bodies: Path, duration: float, connections: int) -> dict:
 
 
 def run_loadgen(port: int, cafile: Path, bodies: Path, duration: float, connections: int,
-                rate: float | None) -> dict:
+                rate: float | None, samples: Path | None = None) -> dict:
     argv = [sys.executable, "-m", "bench.loadgen", "--host", HOST, "--port", str(port), "--cafile", str(cafile),
             "--bodies", str(bodies), "--duration", str(duration), "--connections", str(connections)]
     argv += ["--rate", str(rate)] if rate else ["--closed"]
+    argv += ["--samples", str(samples)] if samples else []
     out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60, cwd=ROOT)
     if out.returncode != 0:
         raise BenchError(f"load generator failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
-    return orjson.loads(out.stdout.strip().splitlines()[-1])
+    result = orjson.loads(out.stdout.strip().splitlines()[-1])
+    if samples:
+        latencies = array("d")
+        with samples.open("rb") as f:
+            latencies.frombytes(f.read())
+        result["_latencies"] = latencies.tolist()
+    return result
 
 
 def load_phase(server: Server, phase: str, args: argparse.Namespace, files: dict[str, Path]) -> dict:
@@ -206,7 +215,9 @@ def load_phase(server: Server, phase: str, args: argparse.Namespace, files: dict
         else:
             result = run_loadgen(server.port, files["ca"], files["bodies"], args.duration, args.connections, None)
     else:
-        result = run_loadgen(server.port, files["ca"], files["bodies"], args.duration, args.connections, float(phase))
+        samples = files["tmp"] / f"latencies-{server.name}-{phase}.bin"
+        result = run_loadgen(server.port, files["ca"], files["bodies"], args.duration, args.connections, float(phase),
+                             samples)
     wall = time.perf_counter() - wall0
     server_cpu = server.cpu_s() - cpu0
     result.update(
@@ -236,7 +247,7 @@ def prepare(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], dict]
             "build_s": time.perf_counter() - t0}
     del state
     return {"ca": paths["ca"], "cert": paths["cert"], "key": paths["key"], "snapshot": snapshot,
-            "bodies": bodies}, info
+            "bodies": bodies, "tmp": tmp}, info
 
 
 def measure_decide(files: dict[str, Path], timeout: float) -> dict:
@@ -280,6 +291,24 @@ def decision_mix(ctx: ssl.SSLContext, guard: Server) -> dict[str, float]:
                     counts[key] = counts.get(key, 0) + s.value
     total = sum(counts.values()) or 1.0
     return {k: round(v / total, 4) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def check_generator(baseline: Server, runs: list[dict], args: argparse.Namespace, files: dict[str, Path]) -> dict:
+    """Is the load generator the limit? Its CPU share during the saturation runs (a
+    generator short of CPU would show near 1.0 while the server idles), and, when wrk
+    drives saturation, what the Python generator reaches against the same baseline."""
+    sat = [r for r in runs if r["phase"] == "saturation" and r["target"] == "baseline"]
+    out = {
+        "saturation_tool": args.saturation_tool,
+        "baseline_rps": statistics.median(r["achieved_rps"] for r in sat),
+        "generator_cpu_share": statistics.median(r["client_cpu_share_total"] for r in sat),
+        "server_cpu_share": statistics.median(r["server_cpu_share"] for r in sat),
+    }
+    if args.saturation_tool == "wrk":
+        py = load_phase(baseline, "saturation", argparse.Namespace(**{**vars(args), "saturation_tool": "python"}), files)
+        out.update(python_closed_loop_rps=py["achieved_rps"], python_generator_cpu_share=py["client_cpu_share_total"],
+                   python_server_cpu_share=py["server_cpu_share"])
+    return out
 
 
 def profile_guard(guard: Server, args: argparse.Namespace, files: dict[str, Path], out: Path) -> dict:
@@ -333,10 +362,13 @@ def summarise(runs: list[dict], decide: dict, memory: dict, rates: list[str]) ->
         t: dict = {"saturation_rps": med(target, "saturation", lambda r: r["achieved_rps"]),
                    "cpu_us_per_request": med(target, "saturation", lambda r: r["server_cpu_us_per_request"]),
                    "rss_mb": memory[target]["rss_mb"], "peak_rss_mb": memory[target]["peak_rss_mb"]}
-        for rate in rates:
-            t[f"at_{rate}"] = {q: med(target, rate, lambda r, q=q: r["latency_ms"][q]) for q in ("p50", "p90", "p99", "max")}
+        for rate in rates:  # latency: every request of every round, pooled
+            pooled = [x for r in runs if r["target"] == target and r["phase"] == rate for x in r.get("_latencies", ())]
+            t[f"at_{rate}"] = {q: v for q, v in percentiles(pooled).items() if q != "mean"}
+            t[f"at_{rate}"]["requests"] = len(pooled)
             t[f"at_{rate}"]["achieved_rps"] = med(target, rate, lambda r: r["achieved_rps"])
-            t[f"at_{rate}"]["service_p99"] = med(target, rate, lambda r: (r.get("service_ms") or {}).get("p99"))
+            t[f"at_{rate}"]["service_p99_median_of_rounds"] = med(
+                target, rate, lambda r: (r.get("service_ms") or {}).get("p99"))
         out[target] = t
     g, b = out["guard"], out["baseline"]
     ratio = lambda x, y: (x / y) if x is not None and y else None  # noqa: E731
@@ -371,7 +403,7 @@ def print_table(s: dict, decide: dict, rates: list[str], meta: dict) -> None:
     g, b, r = s["guard"], s["baseline"], s["ratios"]
     w = sys.stdout.write
     w(f"\nkubevirt-eviction-guard bench: {meta['vmis']:,} VMIs, {meta['rounds']} round(s) x {meta['duration_s']}s per phase, "
-      f"saturation by {meta['saturation_tool']}, load average {meta['loadavg_before']} -> {meta['loadavg_after']}\n\n")
+      f"saturation by {meta['saturation_tool']}, latencies pooled over the rounds, load average {meta['loadavg_before']} -> {meta['loadavg_after']}\n\n")
     w(f"{'':34}{'guard':>12}{'baseline':>12}{'guard/base':>12}\n")
     w(f"{'requests/s at saturation':34}{fmt(g['saturation_rps'], 0):>12}{fmt(b['saturation_rps'], 0):>12}"
       f"{fmt(r['throughput']):>12}\n")
@@ -392,8 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--vmis", type=int, default=100_000)
     p.add_argument("--bodies", type=int, default=4000, help="distinct AdmissionReview bodies to cycle through")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--duration", type=float, default=8.0, help="seconds of load per phase and target")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=6.0, help="seconds of load per phase and target")
     p.add_argument("--rates", default="500,1000", help="fixed offered rates, requests/s")
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--saturation-tool", choices=("auto", "wrk", "python"), default="auto")
@@ -457,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               f"p99 {res['latency_ms']['p99']:7.2f} ms  server CPU {res['server_cpu_share']:.2f}  "
                               f"generator CPU {res['client_cpu_share_total']:.2f}"
                               + (f"  errors {res['errors']}" if res["errors"] else ""), flush=True)
+            generator = check_generator(baseline, runs, args, files)
             mix = decision_mix(ctx, guard)
             memory = {s.name: {**s.memory_mb(), "idle_rss_mb": idle[s.name]["rss_mb"]} for s in servers}
             stamp = started.strftime("%Y%m%dT%H%M%SZ")
@@ -478,14 +511,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             "guard_startup_s": guard.started_s, "baseline_startup_s": baseline.started_s,
         }
         summary = summarise(runs, decide, memory, rates)
+        for r in runs:
+            r.pop("_latencies", None)
         result = {"meta": meta, "state": state_info, "decide": decide, "memory": memory, "decision_mix": mix,
-                  "summary": summary, "runs": runs, "profile": profile}
+                  "generator": generator, "summary": summary, "runs": runs, "profile": profile}
     print_table(summary, decide, rates, meta)
     path = args.out / f"bench-{stamp}.json"
     data = orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
     path.write_bytes(data)
     (args.out / "latest.json").write_bytes(data)
     print(f"\ndecision mix at the guard: {', '.join(f'{k} {v:.1%}' for k, v in mix.items())}")
+    g = generator
+    line = (f"load generator at saturation ({g['saturation_tool']}): {g['generator_cpu_share']:.2f} of a core, "
+            f"the baseline server {g['server_cpu_share']:.2f}")
+    if "python_closed_loop_rps" in g:
+        line += (f"; the Python generator in closed loop reaches {g['python_closed_loop_rps']:,.0f} req/s on the baseline "
+                 f"(wrk {g['baseline_rps']:,.0f}) using {g['python_generator_cpu_share']:.2f} of a core")
+    print(line)
     if profile and "own" in profile:
         print("\nguard profile under saturation, own time (py-spy):")
         for frame, share in profile["own"][:12]:
