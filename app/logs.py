@@ -13,44 +13,85 @@ import orjson
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 
 
+def extra_fields(record: logging.LogRecord) -> dict:
+    """What the caller passed as ``extra``: every attribute a plain LogRecord lacks."""
+    return {k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")}
+
+
 class JSONFormatter(logging.Formatter):
-    """One JSON object per record. Called once per admission decision, so it is kept
-    lean: the second-resolution part of the timestamp is formatted once a second."""
+    """One JSON object per line: ts, level, logger, msg, then the caller's fields."""
 
     _second = -1
     _second_text = ""
 
-    def _timestamp(self, record: logging.LogRecord) -> str:
-        second = int(record.created)
-        if second != self._second:  # handlers format under their lock: no race here
+    def _timestamp(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:  # formatted once a second; a race only formats it twice
             self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = second
-        return f"{self._second_text}.{int(record.msecs):03d}Z"
+        return f"{self._second_text}.{int((created - second) * 1000):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": self._timestamp(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for k, v in record.__dict__.items():
-            if k not in _RESERVED and not k.startswith("_"):
-                out[k] = v
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        exc = self.formatException(record.exc_info) if record.exc_info else None
+        return self.line(record.created, record.levelname, record.name, record.getMessage(), extra_fields(record), exc)
+
+    def line(self, created: float, levelname: str, name: str, msg: str, fields: dict, exc: str | None = None) -> str:
+        out = {"ts": self._timestamp(created), "level": levelname.lower(), "logger": name, "msg": msg}
+        out.update(fields)
+        if exc:
+            out["exc"] = exc
         return orjson.dumps(out, default=str).decode()
 
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_"))
-        line = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} {record.getMessage()}"
-        if extra:
-            line += " " + extra
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+        exc = self.formatException(record.exc_info) if record.exc_info else None
+        return self.line(record.created, record.levelname, record.name, record.getMessage(), extra_fields(record), exc)
+
+    def line(self, created: float, levelname: str, name: str, msg: str, fields: dict, exc: str | None = None) -> str:
+        line = f"{time.strftime('%H:%M:%S', time.localtime(created))} {levelname:<7} {msg}"
+        if fields:
+            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        if exc:
+            line += "\n" + exc
         return line
+
+
+def structured(logger: logging.Logger, level: int, msg: str, fields: dict) -> None:
+    """``logger.log(level, msg, extra=fields)``, for a line logged on every admission decision.
+
+    When every handler the line can reach is a ``BatchingStreamHandler`` with one of
+    the formatters above, and no logger or handler on the way has a filter (what
+    ``serve`` sets up), the line is formatted and queued directly: same text, none
+    of the LogRecord machinery, which costs several times the line itself. In any
+    other set-up (tests capturing logs, a filter, a foreign handler) this is exactly
+    ``logger.log``.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    handlers = _direct_handlers(logger)
+    if handlers is None:
+        logger.log(level, msg, extra=fields)
+        return
+    created = time.time()
+    levelname = logging.getLevelName(level)
+    for h in handlers:
+        if level >= h.level:
+            h.queue(h.formatter.line(created, levelname, logger.name, msg, fields), level)  # type: ignore[union-attr]
+
+
+def _direct_handlers(logger: logging.Logger) -> list[BatchingStreamHandler] | None:
+    out: list[BatchingStreamHandler] = []
+    lg: logging.Logger | None = logger
+    while lg is not None:
+        if lg.filters:
+            return None
+        for h in lg.handlers:
+            if type(h) is not BatchingStreamHandler or h.filters or not hasattr(h.formatter, "line"):
+                return None
+            out.append(h)
+        lg = lg.parent if lg.propagate else None  # type: ignore[assignment]
+    return out
 
 
 FLUSH_INTERVAL = 0.1  # seconds an INFO line may wait to be written
@@ -82,16 +123,20 @@ class BatchingStreamHandler(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            if len(self._pending) >= MAX_PENDING:
-                self.dropped += 1
-                return
-            self._pending.append(self.format(record) + self.terminator)
-            if record.levelno >= logging.WARNING or len(self._pending) >= WAKE_AT:
-                self._wake.set()
+            self.queue(self.format(record), record.levelno)
         except RecursionError:
             raise
         except Exception:
             self.handleError(record)
+
+    def queue(self, line: str, level: int) -> None:
+        """Queue one formatted line (``structured`` calls this directly)."""
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1
+            return
+        self._pending.append(line + self.terminator)
+        if level >= logging.WARNING or len(self._pending) >= WAKE_AT:
+            self._wake.set()
 
     def flush(self) -> None:
         """Write every pending line. Never takes the handler's lock (``logging.shutdown``

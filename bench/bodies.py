@@ -61,6 +61,8 @@ class Body:
 
 
 def load_fixtures() -> dict[str, dict]:
+    if not FIXTURES.is_dir():
+        raise FileNotFoundError(f"{FIXTURES}: the shared fixtures must sit beside the repository, in ../shared")
     out = {}
     for stem in REQUEST_MIX:
         f = FIXTURES / f"{stem}.json"

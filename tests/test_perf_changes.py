@@ -131,3 +131,45 @@ def test_leaving_age_matches_the_reference(state, migs, node) -> None:
     vmi = VMIRecord(namespace="ns", name="vm", uid="", created=None, node="n1", evacuation_node="",
                     migration=state, resource_version="")
     assert leaving_age(vmi, migs, node, 100.0) == leaving_age_reference(vmi, migs, node, 100.0)
+
+
+# ---- structured(): the direct path writes what logging would have written ------
+
+from app.logs import TextFormatter, structured  # noqa: E402
+
+
+def test_structured_writes_the_same_line_as_logging(monkeypatch) -> None:
+    for formatter in (JSONFormatter(), TextFormatter()):
+        h, stream, lg = handler()
+        h.setFormatter(formatter)
+        monkeypatch.setattr(time, "time", lambda: 1795000000.25)  # one clock for LogRecord and structured()
+        monkeypatch.setattr(time, "time_ns", lambda: 1795000000_250000000)  # what LogRecord reads on 3.12+
+        fields = {"uid": "u-1", "namespace": "vms", "node": None, "dry_run": False, "cooldown_s": 900}
+        lg.info("cooldown: retry in 10m0s", extra=fields)
+        structured(lg, logging.INFO, "cooldown: retry in 10m0s", fields)
+        structured(lg, logging.DEBUG, "below the level: not written", fields)
+        h.flush()
+        monkeypatch.undo()
+        via_logging, direct = stream.getvalue().splitlines()
+        assert direct == via_logging
+        h.close()
+
+
+def test_structured_falls_back_to_logging_for_other_handlers_and_filters() -> None:
+    h, stream, lg = handler()
+    seen: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    lg.addHandler(Capture())
+    structured(lg, logging.INFO, "to both", {"uid": "u-2"})
+    assert [r.getMessage() for r in seen] == ["to both"] and seen[0].uid == "u-2"  # type: ignore[attr-defined]
+    lg.handlers[:] = [h]
+    lg.addFilter(lambda r: r.getMessage() != "filtered")
+    structured(lg, logging.INFO, "filtered", {})
+    structured(lg, logging.INFO, "kept", {})
+    h.flush()
+    assert "to both" in stream.getvalue() and "kept" in stream.getvalue() and "filtered" not in stream.getvalue()
+    h.close()
