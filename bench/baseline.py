@@ -11,6 +11,7 @@ is really talking to the baseline (should ``serve`` ever stop building its app
 through ``create_app``, this substitution would silently stop working).
 
     python -m bench.baseline [the command line of python -m app serve, --snapshot ignored]
+    python -m bench.floor    [same]: the floor, see ``raw_app``
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 import app.serve as serve_module
+from app.admission.asgi import AdmissionEndpoint, GuardApp
 from app.admission.server import GuardContext
 from app.cli import build_parser
 from app.cluster.store import ClusterStore
@@ -54,13 +56,27 @@ def empty_context(_args) -> GuardContext:
     return GuardContext(view=ClusterStore(), settings=PolicySettings())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def raw_app(_ctx: GuardContext | None = None) -> FastAPI:
+    """The floor: the same constant answer from the guard's own bare ASGI endpoint
+    (``app.admission.asgi``), i.e. uvicorn + TLS + the guard's request path with no
+    work in it. What is left between this and the guard is the guard's own work."""
+    app = GuardApp(docs_url=None, redoc_url=None, openapi_url=None)
+    app.serve_admission(AdmissionEndpoint(lambda ctype, body, started: (200, ALLOWED), 1 << 20))
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None, app_factory=bare_app) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "serve":
         raise SystemExit("python -m bench.baseline: only the serve command has a baseline")
     configure(args.log_format, args.log_level)
     serve_module.build_context = empty_context
-    serve_module.create_app = bare_app
+    serve_module.create_app = app_factory
     return serve_module.serve(args)
 
 

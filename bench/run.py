@@ -265,11 +265,11 @@ def serve_argv(module: str, files: dict[str, Path], port: int) -> list[str]:
             "--snapshot", str(files["snapshot"]), "--now", NOW_TEXT]
 
 
-def check_answers(ctx: ssl.SSLContext, guard: Server, baseline: Server, files: dict[str, Path]) -> None:
-    """Both answer an AdmissionReview, and the baseline is really the baseline."""
+def check_answers(ctx: ssl.SSLContext, guard: Server, constant: list[Server], files: dict[str, Path]) -> None:
+    """All answer an AdmissionReview, and the baseline and floor really answer their constant."""
     path, _, body = files["bodies"].read_bytes().splitlines()[0].partition(b"\t")
     uid = orjson.loads(body)["request"]["uid"]
-    for server, want in ((guard, uid), (baseline, "baseline")):
+    for server, want in ((guard, uid), *((s, "baseline") for s in constant)):
         status, answer = request(ctx, server.port, "POST", path.decode(), body)
         got = orjson.loads(answer).get("response", {}).get("uid") if status == 200 else None
         if got != want:
@@ -358,11 +358,11 @@ def summarise(runs: list[dict], decide: dict, memory: dict, rates: list[str]) ->
         return statistics.median(values) if values else None
 
     out: dict = {}
-    for target in ("guard", "baseline"):
+    for target in ("guard", "baseline", "floor"):
         t: dict = {"saturation_rps": med(target, "saturation", lambda r: r["achieved_rps"]),
                    "cpu_us_per_request": med(target, "saturation", lambda r: r["server_cpu_us_per_request"]),
                    "rss_mb": memory[target]["rss_mb"], "peak_rss_mb": memory[target]["peak_rss_mb"]}
-        for rate in rates:  # latency: every request of every round, pooled
+        for rate in rates if target != "floor" else ():  # latency: every request of every round, pooled
             pooled = [x for r in runs if r["target"] == target and r["phase"] == rate for x in r.get("_latencies", ())]
             t[f"at_{rate}"] = {q: v for q, v in percentiles(pooled).items() if q != "mean"}
             t[f"at_{rate}"]["requests"] = len(pooled)
@@ -376,6 +376,7 @@ def summarise(runs: list[dict], decide: dict, memory: dict, rates: list[str]) ->
     out["ratios"] = {
         "throughput": ratio(g["saturation_rps"], b["saturation_rps"]),
         "cpu_per_request": ratio(g["cpu_us_per_request"], b["cpu_us_per_request"]),
+        "throughput_guard_vs_floor": ratio(g["saturation_rps"], out["floor"]["saturation_rps"]),
         **{f"p99_at_{r}": ratio(g[f"at_{r}"]["p99"], b[f"at_{r}"]["p99"]) for r in rates},
     }
     out["decide_median_us"] = decide["median_us"]
@@ -399,23 +400,35 @@ def fmt(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def print_table(s: dict, decide: dict, rates: list[str], meta: dict) -> None:
-    g, b, r = s["guard"], s["baseline"], s["ratios"]
-    w = sys.stdout.write
-    w(f"\nkubevirt-eviction-guard bench: {meta['vmis']:,} VMIs, {meta['rounds']} round(s) x {meta['duration_s']}s per phase, "
-      f"saturation by {meta['saturation_tool']}, latencies pooled over the rounds, load average {meta['loadavg_before']} -> {meta['loadavg_after']}\n\n")
-    w(f"{'':34}{'guard':>12}{'baseline':>12}{'guard/base':>12}\n")
-    w(f"{'requests/s at saturation':34}{fmt(g['saturation_rps'], 0):>12}{fmt(b['saturation_rps'], 0):>12}"
-      f"{fmt(r['throughput']):>12}\n")
-    w(f"{'server CPU us/request (saturation)':34}{fmt(g['cpu_us_per_request'], 1):>12}"
-      f"{fmt(b['cpu_us_per_request'], 1):>12}{fmt(r['cpu_per_request']):>12}\n")
+def table(s: dict, decide: dict, rates: list[str]) -> str:
+    """The results as a Markdown table (printed, and pasted into the README)."""
+    g, b, f, r = s["guard"], s["baseline"], s["floor"], s["ratios"]
+    rows = [("requests/s at saturation", fmt(g["saturation_rps"], 0), fmt(b["saturation_rps"], 0),
+             fmt(r["throughput"]), fmt(f["saturation_rps"], 0)),
+            ("server CPU us per request at saturation", fmt(g["cpu_us_per_request"], 1),
+             fmt(b["cpu_us_per_request"], 1), fmt(r["cpu_per_request"]), fmt(f["cpu_us_per_request"], 1))]
     for rate in rates:
         for q in ("p50", "p90", "p99", "max"):
-            ratio = fmt(r[f"p99_at_{rate}"]) if q == "p99" else ""
-            w(f"{f'{q} ms at {rate} req/s offered':34}{fmt(g[f'at_{rate}'][q]):>12}{fmt(b[f'at_{rate}'][q]):>12}{ratio:>12}\n")
-    w(f"{'RSS MB (after the load)':34}{fmt(g['rss_mb'], 0):>12}{fmt(b['rss_mb'], 0):>12}\n")
-    w(f"{'peak RSS MB (snapshot load)':34}{fmt(g['peak_rss_mb'], 0):>12}{fmt(b['peak_rss_mb'], 0):>12}\n")
-    w(f"{'policy.decide median/mean us':34}{fmt(decide['median_us']) + ' / ' + fmt(decide['mean_us']):>12}\n\n")
+            rows.append((f"{q} ms at {rate} req/s offered", fmt(g[f"at_{rate}"][q]), fmt(b[f"at_{rate}"][q]),
+                         fmt(r[f"p99_at_{rate}"]) if q == "p99" else "", ""))
+    rows += [("RSS MB after the run", fmt(g["rss_mb"], 0), fmt(b["rss_mb"], 0), "", fmt(f["rss_mb"], 0)),
+             ("peak RSS MB (snapshot load)", fmt(g["peak_rss_mb"], 0), fmt(b["peak_rss_mb"], 0), "", ""),
+             ("policy.decide alone, median / mean us", f"{fmt(decide['median_us'])} / {fmt(decide['mean_us'])}",
+              "", "", "")]
+    head = ("", "guard", "baseline (FastAPI)", "guard/baseline", "floor (bare ASGI)")
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                          for i, (c, w) in enumerate(zip(cells, widths, strict=True))) + " |"
+    out = [line(head), "|" + "|".join(("-" * (w + 1) + ":") if i else "-" * (w + 2) for i, w in enumerate(widths)) + "|"]
+    return "\n".join([*out, *(line(row) for row in rows)])
+
+
+def print_table(s: dict, decide: dict, rates: list[str], meta: dict) -> None:
+    w = sys.stdout.write
+    w(f"\nkubevirt-eviction-guard bench: {meta['vmis']:,} VMIs, {meta['rounds']} round(s) x {meta['duration_s']}s "
+      f"per phase, saturation by {meta['saturation_tool']}, latencies pooled over the rounds, "
+      f"load average {meta['loadavg_before']} -> {meta['loadavg_after']}\n\n")
+    w(table(s, decide, rates) + "\n\n")
     for name, t in s["targets"].items():
         w(f"  target {name:24} {fmt(t['value'], 3):>10}  goal {t['goal']:<10} {'met' if t['met'] else 'MISSED'}\n")
 
@@ -461,19 +474,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             guard = Server("guard", serve_argv("app", files, port), tmp / "guard.log", port)
             port = free_port()
             baseline = Server("baseline", serve_argv("bench.baseline", files, port), tmp / "baseline.log", port)
-            servers = [guard, baseline]
+            port = free_port()
+            floor = Server("floor", serve_argv("bench.floor", files, port), tmp / "floor.log", port)
+            servers = [guard, baseline, floor]
             print("timing policy.decide alone ...", flush=True)
             decide = measure_decide(files, timeout=300)
             print(f"  median {decide['median_us']:.2f} us, mean {decide['mean_us']:.2f} us over {decide['calls']:,} calls",
                   flush=True)
-            print("starting the guard and the baseline ...", flush=True)
+            print("starting the guard, the baseline and the floor ...", flush=True)
             for s in servers:
                 s.start()
             for s in servers:
                 s.wait_ready(ctx, timeout=300)
             print(f"  guard ready in {guard.started_s:.1f}s (snapshot load), baseline in {baseline.started_s:.1f}s",
                   flush=True)
-            check_answers(ctx, guard, baseline, files)
+            check_answers(ctx, guard, [baseline, floor], files)
             idle = {s.name: s.memory_mb() for s in servers}
             for s in servers:  # warm up: connections, caches, lazy imports
                 run_loadgen(s.port, files["ca"], files["bodies"], min(2.0, args.duration), 8, None)
@@ -482,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = servers if rnd % 2 == 0 else servers[::-1]
                 for phase in ["saturation", *rates]:
                     for s in order:
+                        if s is floor and phase != "saturation":  # the floor is a throughput reference only
+                            continue
                         res = load_phase(s, phase, args, files)
                         res["round"] = rnd + 1
                         runs.append(res)
@@ -508,12 +525,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loadavg_before": [round(x, 2) for x in loadavg_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "cpus": os.cpu_count(), "python": platform.python_version(), "commit": git_commit(),
+            "versions": versions("uvicorn", "fastapi", "starlette", "uvloop", "httptools", "orjson", "prometheus-client"),
             "guard_startup_s": guard.started_s, "baseline_startup_s": baseline.started_s,
         }
         summary = summarise(runs, decide, memory, rates)
         for r in runs:
             r.pop("_latencies", None)
-        result = {"meta": meta, "state": state_info, "decide": decide, "memory": memory, "decision_mix": mix,
+        result = {"meta": meta, "table_markdown": table(summary, decide, rates), "state": state_info,
+                  "decide": decide, "memory": memory, "decision_mix": mix,
                   "generator": generator, "summary": summary, "runs": runs, "profile": profile}
     print_table(summary, decide, rates, meta)
     path = args.out / f"bench-{stamp}.json"
@@ -534,6 +553,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {share:6.1%}  {frame}")
     print(f"\nwrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0
+
+
+def versions(*names: str) -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def git_commit() -> str | None:
