@@ -340,6 +340,8 @@ def summarise_profile(path: Path, top: int = 15) -> dict:
         if not n.isdigit():
             continue
         count = int(n)
+        if re.search(r"(Condition|Event)\.wait \(threading\.py:\d+\)$", stack):
+            continue  # the log writer thread sleeping between batches
         total += count
         frames = [re.sub(r" \(.*?(site-packages/|issue\d+/|/lib/python3\.\d+/)?([^/]*/?[^/]+:\d+)\)$", r" (\2)", f)
                   for f in stack.split(";")]
