@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench-watch reliability
+.PHONY: run test setup certs clean fuzz simulate constraints bench bench-watch reliability
 
 setup: $(STAMP)
 
@@ -72,3 +72,18 @@ constraints: $(STAMP)
 reliability: $(STAMP)
 	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
 	  tests/effects/test_forged_reviews.py
+
+# Performance: the guard next to a bare FastAPI endpoint on the same stack (bench/run.py).
+# wrk (Debian) drives the saturation runs when it can be installed; else the Python generator does.
+BENCH_STAMP = $(VENV)/.bench-stamp
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
+	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q wrk >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q wrk >/dev/null 2>&1; }; }; } || \
+	  echo "bench: wrk not available; saturation runs will use the Python load generator"
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) -m bench.run $(BENCH_ARGS)

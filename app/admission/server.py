@@ -1,7 +1,8 @@
 """The FastAPI app: /mutate, /validate, /healthz, /readyz, /metrics.
 
-The handler reads the raw body (bounded), decodes it with ``review.decode``,
-asks ``policy.decide`` and writes the answer; everything else a decision
+``admit`` takes the raw body (read, bounded, by ``asgi.AdmissionEndpoint``,
+which answers these routes ahead of FastAPI's request path), decodes it with
+``review.decode``, asks ``policy.decide`` and returns the answer; everything else a decision
 causes (log line, metrics, Events, the annotation) goes to ``on_decision``,
 which must not block: side effects are queued, never run on the request path.
 """
@@ -17,12 +18,13 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from starlette.requests import ClientDisconnect
 
 from app.admission import review as rv
+from app.admission.asgi import AdmissionEndpoint, GuardApp
+from app.logs import structured
 from app.metrics import Metrics
 from app.policy import decide
-from app.policy.model import CacheHealth, ClusterView, Decision, PolicySettings
+from app.policy.model import HEALTHY, CacheHealth, ClusterView, Decision, PolicySettings
 
 log = logging.getLogger("kubevirt_eviction_guard.admission")
 JSON = "application/json"
@@ -35,7 +37,7 @@ class GuardContext:
 
     view: ClusterView
     settings: PolicySettings
-    health: Callable[[float], CacheHealth] = lambda now: CacheHealth()
+    health: Callable[[float], CacheHealth] = lambda now: HEALTHY
     readiness_detail: Callable[[], dict] = dict  # per-kind "why not ready", for /readyz
     clock: Callable[[], float] = time.time
     metrics: Metrics = field(default_factory=Metrics)
@@ -45,47 +47,25 @@ class GuardContext:
     shutting_down: bool = False
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise BodyTooLarge
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _json(status: int, payload: dict) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
 
 
 def create_app(ctx: GuardContext) -> FastAPI:
-    app = FastAPI(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None)
+    app = GuardApp(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.guard = ctx
     metrics = ctx.metrics
 
-    def error(status: int, message: str) -> Response:
+    def error(status: int, message: str) -> tuple[int, bytes]:
         metrics.bad_requests.labels(str(status)).inc()
-        return Response(rv.errored(status, message), status_code=status, media_type=JSON)
+        return status, rv.errored(status, message)
 
-    async def admit(request: Request) -> Response:
-        started = time.perf_counter()
-        ctype = request.headers.get("content-type", "")
+    def admit(ctype: str, body: bytes | None, started: float) -> tuple[int, bytes]:
+        """The answer to one POST: (status, JSON body). ``body`` is None when it was over the limit."""
         if ctype.split(";", 1)[0].strip().lower() != JSON:
             return error(400, f"content type must be {JSON}, got {ctype or 'none'!r}")
-        try:
-            body = await _read_body(request, ctx.max_body_bytes)
-        except BodyTooLarge:
+        if body is None:
             return error(413, f"request body larger than {ctx.max_body_bytes} bytes")
-        except ClientDisconnect:  # gone (or cut off for being too slow): nobody reads the answer
-            return Response(status_code=400)
         try:
             review = rv.decode(body)
         except rv.BadReview as e:
@@ -108,10 +88,9 @@ def create_app(ctx: GuardContext) -> FastAPI:
             except Exception:
                 log.exception("decision hook failed", extra={"uid": review.uid})
         metrics.admission_duration.observe(time.perf_counter() - started)
-        return Response(out, media_type=JSON)
+        return 200, out
 
-    app.add_api_route("/mutate", admit, methods=["POST"])
-    app.add_api_route("/validate", admit, methods=["POST"])
+    app.serve_admission(AdmissionEndpoint(admit, ctx.max_body_bytes))  # see asgi.py: bypasses FastAPI's request path
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -34,15 +34,24 @@ class RecordError(ValueError):
     """An object that cannot be identified (no name, not a mapping)."""
 
 
+def _own(value: str) -> str:
+    """A fresh copy of ``value``. A string taken straight from a decoded document pins
+    the memory around it: CPython returns its allocator's arenas to the OS only when
+    every object in them is gone, so records holding the document's own strings keep
+    most of the document resident (measured with 100,000 VMIs from one snapshot:
+    1.25 GB resident instead of 0.3 GB). ``surrogatepass``: JSON may carry lone
+    surrogates, and a copy must never fail."""
+    return value.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
+
 def _s(value: Any) -> str:
-    """A string many records repeat (namespace, node, phase, VMI name): one shared copy."""
-    return _intern(value) if isinstance(value, str) else ""
+    """A value that repeats across objects (namespace, node, phase, VMI name): one shared copy."""
+    return _intern(_own(value)) if isinstance(value, str) else ""
 
 
 def _u(value: Any) -> str:
-    """A string unique to one object (uid, resourceVersion): interning it would only grow the
-    interpreter's intern table (tens of MB for 700,000 objects) without sharing anything."""
-    return value if isinstance(value, str) else ""
+    """A value unique to one object (uid, resourceVersion): our own copy, not interned."""
+    return _own(value) if isinstance(value, str) else ""
 
 
 def _d(value: Any) -> dict:
@@ -115,7 +124,7 @@ def vmi_from_object(obj: Any) -> VMIRecord:
     status = _d(obj.get("status"))
     return VMIRecord(
         namespace=ns,
-        name=_intern(name),
+        name=_s(name),
         uid=_u(meta.get("uid")),
         created=parse_timestamp(meta.get("creationTimestamp")),
         node=_s(status.get("nodeName")),
@@ -165,7 +174,7 @@ def migration_from_object(obj: Any) -> MigrationRecord:
                     end = parse_timestamp(t.get("phaseTransitionTimestamp"))
     return MigrationRecord(
         namespace=ns,
-        name=name,
+        name=_u(name),
         uid=_u(meta.get("uid")),
         vmi_name=_s(spec.get("vmiName")),
         phase=phase,
@@ -206,7 +215,7 @@ def pod_from_object(obj: Any) -> LauncherPod:
     annotations = _d(raw_annotations)
     return LauncherPod(
         namespace=ns,
-        name=name,
+        name=_u(name),
         uid=_u(meta.get("uid")),
         node=_s(_d(obj.get("spec")).get("nodeName")),
         phase=_s(_d(obj.get("status")).get("phase")),
@@ -231,4 +240,4 @@ class NodeRecord:
 
 def node_from_object(obj: Any) -> NodeRecord:
     _, _, name = _meta(obj)
-    return NodeRecord(name=_intern(name), unschedulable=_d(obj.get("spec")).get("unschedulable") is True)
+    return NodeRecord(name=_s(name), unschedulable=_d(obj.get("spec")).get("unschedulable") is True)

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from app.admission.review import Review
+from app.logs import structured
 from app.policy.model import Decision
 
 log = logging.getLogger("kubevirt_eviction_guard.decision")
@@ -45,4 +46,4 @@ def decision_fields(review: Review, decision: Decision) -> dict[str, Any]:
 
 
 def log_decision(review: Review, decision: Decision) -> None:
-    log.info(decision.message, extra=decision_fields(review, decision))
+    structured(log, logging.INFO, decision.message, decision_fields(review, decision))  # logging.info, minus most of its cost

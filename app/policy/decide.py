@@ -150,8 +150,9 @@ def in_scope(req: EvictionRequest, settings: PolicySettings) -> bool:
 def others_leaving(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings) -> list[str]:
     """Rule 8: the other VMs leaving ``node`` whose departure is not stale, as "NS/NAME"."""
     out = []
+    namespace, name = vmi.namespace, vmi.name
     for other in view.leaving_candidates(node):
-        if other.key == vmi.key:
+        if other.name == name and other.namespace == namespace:
             continue
         migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
         if not is_leaving(other, migrations, node):
@@ -180,20 +181,24 @@ def leaving_age(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str
     start of the current evacuation episode, so that a VM whose migrations keep
     failing ages and stops freezing its node after ``evacuationStaleAfter``).
     """
-    anchors: list[float] = []
+    # Plain loops, no intermediate lists: this runs for every VM leaving the node, per request.
+    earliest: float | None = None
     state = vmi.migration
     if state is not None and state.in_flight and state.start is not None:
-        anchors.append(state.start)
-    anchors.extend(m.created for m in migrations if not m.finished and m.created is not None)
-    last_success = max((m.created for m in migrations if m.phase == "Succeeded" and m.created is not None), default=None)
-    anchors.extend(
-        m.created
-        for m in migrations
-        if m.evacuation_node == node and m.created is not None and (last_success is None or m.created >= last_success)
-    )
-    if not anchors:
-        return None
-    return now - min(anchors)
+        earliest = state.start
+    last_success: float | None = None
+    for m in migrations:
+        if m.phase == "Succeeded" and m.created is not None and (last_success is None or m.created > last_success):
+            last_success = m.created
+    for m in migrations:
+        created = m.created
+        if created is None:
+            continue
+        unfinished = not m.finished
+        episode = m.evacuation_node == node and (last_success is None or created >= last_success)
+        if (unfinished or episode) and (earliest is None or created < earliest):
+            earliest = created
+    return None if earliest is None else now - earliest
 
 
 # ---- helpers -----------------------------------------------------------------

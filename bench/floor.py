@@ -1,0 +1,8 @@
+"""The floor: uvicorn + TLS + the guard's bare ASGI endpoint answering a constant (see baseline.raw_app)."""
+
+import sys
+
+from bench.baseline import main, raw_app
+
+if __name__ == "__main__":
+    sys.exit(main(app_factory=raw_app))

@@ -1,0 +1,78 @@
+"""The bench harness end to end on a tiny cluster: it must produce well-formed results.
+
+Nothing here is timed: performance is what ``make bench`` measures; this only
+keeps the harness working (state, bodies, both servers, both load modes, the
+decision mix, the JSON it writes).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench")
+    argv = [sys.executable, "-m", "bench.run", "--vmis", "300", "--bodies", "150", "--rounds", "1",
+            "--duration", "1", "--rates", "40", "--connections", "4", "--saturation-tool", "python",
+            "--out", str(out), "--timeout", "100"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "guard/base" in proc.stdout  # the table was printed
+    files = sorted(out.glob("bench-*.json"))
+    assert len(files) == 1 and (out / "latest.json").read_bytes() == files[0].read_bytes()
+    return orjson.loads(files[0].read_bytes())
+
+
+def test_every_run_was_answered_by_the_right_server(result: dict) -> None:
+    runs = result["runs"]
+    assert {(r["target"], r["phase"]) for r in runs} == {
+        ("guard", "saturation"), ("baseline", "saturation"), ("floor", "saturation"), ("guard", "40"), ("baseline", "40")}
+    for r in runs:
+        assert r["completed"] > 0, r
+        assert set(r["status"]) == {"200"}, r
+        assert r["errors"] == {}, r
+        lat = r["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"], r
+        assert r["server_cpu_s"] >= 0 and r["rss_mb"] > 0
+    fixed = [r for r in runs if r["phase"] == "40"]
+    assert all(r["mode"] == "open" and r["offered_rps"] == 40 for r in fixed)
+    assert all(r["send_lag_ms"]["p50"] >= 0 for r in fixed)
+    # the baseline answers every body "allowed"; the guard denies some of them
+    assert all(r["denied"] == 0 for r in runs if r["target"] in ("baseline", "floor"))
+    assert any(r["denied"] > 0 for r in runs if r["target"] == "guard")
+
+
+def test_the_mix_crosses_the_decision_table(result: dict) -> None:
+    mix = result["decision_mix"]
+    assert math.isclose(sum(mix.values()), 1.0, abs_tol=0.01)
+    reasons = {k.split(":")[1] for k in mix}
+    assert {"allowed", "not_a_vm_pod", "migration_in_progress", "migration_target"} <= reasons
+    assert any(k.startswith("denied:") for k in mix) and any(k.startswith("allowed:") for k in mix)
+
+
+def test_summary_has_both_servers_ratios_and_targets(result: dict) -> None:
+    s = result["summary"]
+    for target in ("guard", "baseline"):
+        t = s[target]
+        assert t["saturation_rps"] > 0 and t["rss_mb"] > 0 and t["peak_rss_mb"] >= t["rss_mb"] * 0.5
+        assert set(t["at_40"]) >= {"p50", "p90", "p99", "max", "achieved_rps"}
+    assert s["floor"]["saturation_rps"] > 0 and s["ratios"]["throughput_guard_vs_floor"] > 0
+    assert s["ratios"]["throughput"] > 0 and s["ratios"]["p99_at_40"] > 0
+    assert result["table_markdown"].count("\n") >= 10 and "guard/baseline" in result["table_markdown"]
+    assert result["meta"]["versions"]["uvicorn"]
+    assert set(s["targets"]) == {"throughput_ratio", "p99_ratio_at_40", "decide_median_us", "guard_rss_mb"}
+    for t in s["targets"].values():
+        assert isinstance(t["met"], bool) and t["value"] is not None
+    d = result["decide"]
+    assert d["calls"] == 3 * 150 and 0 < d["median_us"] <= d["p99_us"]
+    assert d["loaded"]["vmi"] == 300
+    assert result["state"]["objects"]["VirtualMachineInstance"] == 300
