@@ -57,7 +57,6 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from kubernetes import client

@@ -21,7 +21,6 @@ from fastapi.responses import Response
 
 from app.admission import review as rv
 from app.admission.asgi import AdmissionEndpoint, GuardApp
-from app.logs import structured
 from app.metrics import Metrics
 from app.policy import decide
 from app.policy.model import HEALTHY, CacheHealth, ClusterView, Decision, PolicySettings
