@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 import socket
 import warnings
 
@@ -189,8 +190,13 @@ def test_health_ready_metrics(client) -> None:
 def test_server_survives_bad_input_and_logs_decisions(guard, client) -> None:
     assert client.get("/healthz").status_code == 200
     assert guard.proc.poll() is None
-    lines = [json.loads(line) for line in guard.log.read_text().splitlines() if line.startswith("{")]
-    decisions = [line for line in lines if line.get("reason") == "cooldown" and line.get("pod") == "virt-launcher-desched"]
+    deadline = time.monotonic() + 5  # decision lines are written in batches, a moment later
+    while True:
+        lines = [json.loads(line) for line in guard.log.read_text().splitlines() if line.startswith("{")]
+        decisions = [line for line in lines if line.get("reason") == "cooldown" and line.get("pod") == "virt-launcher-desched"]
+        if decisions or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert decisions and decisions[0]["decision"] == "denied" and decisions[0]["requester"] == "sigs.k8s.io/descheduler"
     assert not any("Traceback" in line.get("msg", "") for line in lines)
 

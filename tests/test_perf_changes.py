@@ -85,7 +85,8 @@ def test_records_hold_copies_not_the_documents_strings() -> None:
            "status": {"nodeName": "node-a", "migrationState": {"migrationUid": "m-" + "y" * 30, "sourceNode": "node-b"}}}
     vmi = vmi_from_object(doc)
     assert vmi.uid == doc["metadata"]["uid"] and vmi.uid is not doc["metadata"]["uid"]
-    assert vmi.resource_version == "12345" and vmi.resource_version is not doc["metadata"]["resourceVersion"]
+    pod = pod_from_object({**doc, "metadata": {**doc["metadata"], "name": "virt-launcher-vm-1"}})
+    assert pod.resource_version == "12345" and pod.resource_version is not doc["metadata"]["resourceVersion"]
     assert vmi.migration is not None and vmi.migration.uid is not doc["status"]["migrationState"]["migrationUid"]
     # repeated values are shared between records
     other = vmi_from_object({"metadata": {"name": "vm-2", "namespace": "n" + "s"}, "status": {"nodeName": "node-" + "a"}})
@@ -118,7 +119,7 @@ nodes = st.sampled_from(["", "n1", "n2"])
 migrations = st.lists(st.builds(
     MigrationRecord, namespace=st.just("ns"), name=st.text("ab", min_size=1, max_size=3), uid=st.just(""),
     vmi_name=st.just("vm"), phase=st.sampled_from(["", "Pending", "Running", "Succeeded", "Failed"]),
-    created=times, start=times, end=times, source_node=nodes, evacuation_node=nodes, resource_version=st.just("")),
+    created=times, start=times, end=times, source_node=nodes, evacuation_node=nodes),
     max_size=6)
 states = st.one_of(st.none(), st.builds(
     MigrationState, started=st.booleans(), start=times, ended=st.booleans(), end=times, uid=st.just("u"),
@@ -129,7 +130,7 @@ states = st.one_of(st.none(), st.builds(
 @given(state=states, migs=migrations, node=nodes)
 def test_leaving_age_matches_the_reference(state, migs, node) -> None:
     vmi = VMIRecord(namespace="ns", name="vm", uid="", created=None, node="n1", evacuation_node="",
-                    migration=state, resource_version="")
+                    migration=state)
     assert leaving_age(vmi, migs, node, 100.0) == leaving_age_reference(vmi, migs, node, 100.0)
 
 

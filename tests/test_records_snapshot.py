@@ -138,10 +138,13 @@ def test_store_indexes_follow_updates() -> None:
     assert s.leaving_candidates("worker-a") == []
     s.upsert(migration_from_object(vmim("m1", "web", "Running", 1)))
     assert [v.name for v in s.leaving_candidates("worker-b")] == ["web"]
+    assert s.unfinished_migration("uid-m1") is not None
     s.upsert(migration_from_object(vmim("m1", "web", "Succeeded", 1)))
     assert s.leaving_candidates("worker-b") == [] and len(s.migrations("vms", "web")) == 1
-    assert s.migration_by_uid("uid-m1") is not None
+    assert s.unfinished_migration("uid-m1") is None  # finished: no longer a target's migration
+    s.upsert(migration_from_object(vmim("m2", "web", "Pending", 1)))
+    s.delete("vmim", ("vms", "m2"))
     s.delete("vmim", ("vms", "m1"))
-    assert s.migrations("vms", "web") == () and s.migration_by_uid("uid-m1") is None
+    assert s.migrations("vms", "web") == () and s.unfinished_migration("uid-m2") is None
     s.replace("vmi", [])
     assert s.vmi("vms", "web") is None and s.counts()["vmi"] == 0

@@ -112,7 +112,6 @@ class VMIRecord:
     node: str  # status.nodeName: where the VM runs now
     evacuation_node: str  # status.evacuationNodeName: "" when not marked
     migration: MigrationState | None
-    resource_version: str
 
     @property
     def key(self) -> tuple[str, str]:
@@ -130,7 +129,6 @@ def vmi_from_object(obj: Any) -> VMIRecord:
         node=_s(status.get("nodeName")),
         evacuation_node=_s(status.get("evacuationNodeName")),
         migration=migration_state_from(status.get("migrationState")),
-        resource_version=_u(meta.get("resourceVersion")),
     )
 
 
@@ -148,7 +146,6 @@ class MigrationRecord:
     end: float | None  # migrationState.endTimestamp, else the final phase's transition time
     source_node: str
     evacuation_node: str  # annotation kubevirt.io/evacuationMigration
-    resource_version: str
 
     @property
     def key(self) -> tuple[str, str]:
@@ -183,7 +180,6 @@ def migration_from_object(obj: Any) -> MigrationRecord:
         end=end,
         source_node=state.source_node if state else "",
         evacuation_node=_s(_d(meta.get("annotations")).get(EVACUATION_MIGRATION)),
-        resource_version=_u(meta.get("resourceVersion")),
     )
 
 

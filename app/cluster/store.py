@@ -60,7 +60,10 @@ class ClusterStore:
     def migrations(self, namespace: str, vmi_name: str) -> tuple[MigrationRecord, ...]:
         return self._vmims_by_vmi.get(namespace, _NO_NS).get(vmi_name, _EMPTY)
 
-    def migration_by_uid(self, uid: str) -> MigrationRecord | None:
+    def unfinished_migration(self, uid: str) -> MigrationRecord | None:
+        """The VMIM with this uid if it has not finished (the target-pod rule's question).
+        Only unfinished ones are indexed: they are a handful, the finished ones are most
+        of the 500,000 VMIMs of a large cluster."""
         return self._vmims_by_uid.get(uid)
 
     def leaving_candidates(self, node: str) -> list[VMIRecord]:
@@ -135,7 +138,7 @@ class ClusterStore:
                 per_vmi = grouped.setdefault(ns, {})
                 for r in names.values():
                     per_vmi.setdefault(r.vmi_name, []).append(r)
-                    if r.uid:
+                    if r.uid and not r.finished:
                         by_uid[r.uid] = r
             by_vmi = {ns: {v: tuple(ms) for v, ms in per.items()} for ns, per in grouped.items()}
             with self._lock:
@@ -164,7 +167,7 @@ class ClusterStore:
             self._vmims.setdefault(ns, {})[record.name] = record
             per_vmi = self._vmims_by_vmi.setdefault(ns, {})
             per_vmi[record.vmi_name] = per_vmi.get(record.vmi_name, _EMPTY) + (record,)
-            if record.uid:
+            if record.uid and not record.finished:
                 self._vmims_by_uid[record.uid] = record
             self._refresh_leaving((ns, record.vmi_name))
             if old is not None and old.vmi_name != record.vmi_name:

@@ -120,8 +120,7 @@ def is_migration_target(pod: LauncherPod, vmi: VMIRecord, view: ClusterView) -> 
     state = vmi.migration
     if state is not None and state.uid == job and state.in_flight:
         return True
-    vmim = view.migration_by_uid(job)
-    return vmim is not None and not vmim.finished
+    return view.unfinished_migration(job) is not None
 
 
 def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], now: float) -> str:
