@@ -24,6 +24,9 @@ from tests.guard_process import ROOT, GuardProcess
 
 REVIEW = json.loads((FIXTURES / "admission" / "eviction-requested-by-descheduler.mutating.json").read_text())
 BODY = json.dumps(REVIEW).encode()
+# A correctness bound, not a benchmark: half the webhook's 5 s timeout, so a starved server fails the
+# test while a busy shared CI machine does not (typical figures are milliseconds).
+BUDGET = 2.5
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +100,7 @@ def test_slowloris_and_unfinished_bodies_are_cut_and_do_not_starve_others(guard)
     t.start()
     try:
         latencies = timed_requests(guard, 50)
-        assert max(latencies) < 1.0, f"well-behaved requests slowed down: max {max(latencies):.3f}s"
+        assert max(latencies) < BUDGET, f"well-behaved requests slowed down: max {max(latencies):.3f}s"
         # every slow connection is closed by the server within the request timeout (2 s) plus slack
         assert all(closed_by_server(s, 4.0) for s in stalled)
         assert all(closed_by_server(s, 4.0) for s in dribblers)
@@ -119,7 +122,7 @@ def test_thousands_of_idle_connections(guard) -> None:
             idle.append(socket.create_connection(("127.0.0.1", guard.port), timeout=10))
         tls_idle = [open_tls(guard) for _ in range(100)]  # TLS done, no request
         latencies = timed_requests(guard, 30)
-        assert max(latencies) < 1.0, f"max {max(latencies):.3f}s with {n} idle connections"
+        assert max(latencies) < BUDGET, f"max {max(latencies):.3f}s with {n} idle connections"
         assert all(closed_by_server(s, 6.0) for s in tls_idle[:10])  # idle timeout 3 s
     finally:
         for s in idle:
