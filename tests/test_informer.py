@@ -23,6 +23,7 @@ from app.metrics import Metrics
 from app.policy.model import PolicySettings
 from tests.fakeapi import FakeApiServer
 from tests.fakeapi import objects as o
+from tests.live_support import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,15 +34,6 @@ VMI = "desched"
 FAST = LoopOptions(page_size=2, watch_timeout=5, idle_timeout=5, backoff_base=0.05, backoff_cap=0.3, quick_end=0.05)
 
 
-def eventually(check, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 def seed(api: FakeApiServer, migrating: bool = False) -> None:

@@ -78,6 +78,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from app.backoff import EQUAL, Backoff
 from app.cluster.health import CacheHealthBoard, KindStatus
 from app.cluster.records import (
     RecordError,
@@ -143,25 +144,6 @@ class LoopOptions:
     backoff_base: float = 0.8
     backoff_cap: float = 30.0
     quick_end: float = 1.0  # a watch that ends this fast without news is backed off, not retried at once
-
-
-class Backoff:
-    """Capped exponential backoff with "equal jitter": half the delay fixed, half random.
-
-    The fixed half guarantees we never retry in a tight loop; the random half
-    spreads many clients apart."""
-
-    def __init__(self, base: float, cap: float, rng: Callable[[], float] = random.random) -> None:
-        self.base, self.cap, self.rng = base, cap, rng
-        self.attempt = 0
-
-    def next(self) -> float:
-        delay = min(self.cap, self.base * (2 ** min(self.attempt, 30)))
-        self.attempt += 1
-        return delay / 2 + self.rng() * delay / 2
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 # ---- outcomes of one list+watch round -------------------------------------------------------------
@@ -244,7 +226,8 @@ class Informer:
         self.metrics = metrics
         self.opts = options
         self.stale_after = stale_after  # the health board's threshold, read when needed (settings may change it)
-        self.backoff = Backoff(options.backoff_base, options.backoff_cap)
+        self.backoff = Backoff(options.backoff_base, options.backoff_cap, EQUAL)
+        self.failures = 0  # consecutive; the next delay grows with it
         self.resource_version: str | None = None  # None: must (re)list
         self.last_heard = 0.0  # monotonic time of the last byte from a watch
         self._suspect_since: float | None = None  # wall time the last idle watch went quiet
@@ -498,14 +481,18 @@ class Informer:
             since = self._suspect_since if outcome.cause != "idle" else None
             self.status.broken(outcome.problem, since)
             self._report(outcome)
-            delay = max(self.backoff.next(), outcome.retry_after)
+            delay = max(self._next_delay(), outcome.retry_after)
         elif outcome.cause in ("closed_early",) or outcome.relist:
-            delay = self.backoff.next()
+            delay = self._next_delay()
         else:
-            self.backoff.reset()
+            self.failures = 0
         if delay:
             log.debug("retrying", extra={"kind": kind, "cause": outcome.cause, "delay_s": round(delay, 2)})
             self._stop.wait(delay)
+
+    def _next_delay(self) -> float:
+        self.failures += 1
+        return self.backoff.delay(self.failures)
 
     def _report(self, outcome: Outcome) -> None:
         """One log line per distinct problem, not one per retry."""
@@ -520,7 +507,7 @@ class Informer:
         if self._last_problem:
             log.info(f"{self.spec.kind} watch recovered", extra={"kind": self.spec.kind, "was": self._last_problem})
             self._last_problem = ""
-        self.backoff.reset()
+        self.failures = 0
 
 
 # ---- all kinds together ----------------------------------------------------------------------------

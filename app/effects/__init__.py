@@ -19,7 +19,8 @@ from app.effects.annotate import AnnotateJob, wanted
 from app.effects.decision_log import log_decision
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
 from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
-from app.effects.queue import Backoff, EffectQueue
+from app.backoff import Backoff
+from app.effects.queue import EffectQueue
 from app.metrics import Metrics
 from app.policy.model import ClusterView, Decision
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.backoff import Backoff
 from app.metrics import Metrics
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
@@ -61,18 +62,6 @@ class _Entry:
     seq: int
     job: Job = field(compare=False)
     attempt: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Capped exponential backoff with full jitter (AWS architecture blog's "full jitter")."""
-
-    base: float = 0.5
-    cap: float = 30.0
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Delay before attempt ``attempt + 1``: uniform in [0, min(cap, base * 2^(attempt-1))]."""
-        return rand() * min(self.cap, self.base * 2 ** max(attempt - 1, 0))
 
 
 class EffectQueue:

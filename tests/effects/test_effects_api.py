@@ -21,7 +21,7 @@ from app.cluster.listing import list_into
 from app.cluster.records import vmi_from_object
 from app.cluster.store import ClusterStore
 from app.effects import Effects, KubeEffectsApi
-from app.effects.queue import Backoff
+from app.backoff import Backoff
 from app.metrics import Metrics
 from app.policy import PolicySettings, Reason, decide
 from app.policy.model import Decision

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from app.effects.queue import Backoff, EffectQueue, Later, Retry
+from app.backoff import Backoff
+from app.effects.queue import EffectQueue, Later, Retry
 from app.metrics import Metrics
 from tests.effects.support import FakeClock
 
