@@ -6,8 +6,11 @@ or VMI names.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# ``*_created`` timestamps double the series of every counter and histogram for no alert's benefit
+disable_created_metrics()
 
 PREFIX = "kubevirt_eviction_guard_"
 COOLDOWN_BUCKETS = (900, 1800, 3600, 7200, 14400, 21600)
