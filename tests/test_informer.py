@@ -240,9 +240,10 @@ def test_a_malformed_object_is_skipped_and_logged(api, guard, caplog):
     watch, _, metrics = guard()
     assert watch.wait_synced(5)
     caplog.set_level(logging.WARNING, logger="kubevirt_eviction_guard.cluster")
-    api.emit_raw("vmi", b'{"type":"ADDED","object":{"kind":"VirtualMachineInstance","metadata":{"namespace":"x"}}}')
-    api.emit_raw("vmi", b'{"type":"MODIFIED","object":{"metadata":')  # cut short
-    api.emit_raw("vmi", b'["not", "an", "event"]')
+    api.wait_for_watches("vmi")  # listed is not yet watching: junk sent before the watch opens reaches nobody
+    assert api.emit_raw("vmi", b'{"type":"ADDED","object":{"kind":"VirtualMachineInstance","metadata":{"namespace":"x"}}}') == 1
+    assert api.emit_raw("vmi", b'{"type":"MODIFIED","object":{"metadata":') == 1  # cut short
+    assert api.emit_raw("vmi", b'["not", "an", "event"]') == 1
     api.put(o.vmi("other", "after-the-junk", node="worker-b"))
     eventually(lambda: watch.store.vmi("other", "after-the-junk"), what="the loop to survive the junk")
     skipped = [r for r in caplog.records if r.getMessage() == "skipping malformed object"]
