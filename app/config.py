@@ -7,7 +7,6 @@ Unlike the reference plugin, 0 means 0: there is no silent default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,6 @@ class SettingsError(ValueError):
 
 def kebab(name: str) -> str:
     return "".join("-" + c.lower() if c.isupper() else c for c in name)
-
-
-@dataclass(frozen=True)
-class LoadedSettings:
-    policy: PolicySettings
-    extra: dict[str, Any]
 
 
 def read_yaml_file(path: str | Path, error: type[Exception], label: str) -> Any:
