@@ -37,7 +37,7 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check 'atheris>=2.3'
 	@mkdir -p build/fuzz/admission build/fuzz/snapshot
-	cp ../shared/fixtures/admission/*.json build/fuzz/admission/ 2>/dev/null || true
+	cp tests/fixtures/admission/*.json build/fuzz/admission/
 	cp examples/demo-snapshot.yaml build/fuzz/snapshot/
 	$(PY) fuzz/fuzz_targets.py admission -max_total_time=60 build/fuzz/admission
 	$(PY) fuzz/fuzz_targets.py snapshot -max_total_time=60 -max_len=65536 build/fuzz/snapshot

@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import time
 from collections.abc import Sequence
 
 from app import __version__
-from app.cluster.snapshot import SnapshotError, load_snapshot
-from app.cluster.store import ClusterStore
-from app.config import DURATIONS, SETTING_NAMES, SettingsError, build_settings, kebab, load_config_file
-from app.policy.model import PolicySettings
-from app.timefmt import parse_timestamp
+from app.cluster.kube import KubeConfigError
+from app.cluster.snapshot import SnapshotError
+from app.config import DURATIONS, SETTING_NAMES, SettingsError, kebab
+from app.startup import UsageError
 from app.tls import TLSError
-
-log = logging.getLogger("kubevirt_eviction_guard")
-
-
-class UsageError(Exception):
-    pass
 
 
 def _policy_flags(p: argparse.ArgumentParser) -> None:
@@ -112,47 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def policy_settings(args: argparse.Namespace) -> PolicySettings:
-    values = load_config_file(args.config) if args.config else {}
-    for name in SETTING_NAMES:
-        flag = getattr(args, name, None)
-        if flag is not None:
-            values[name] = flag
-    return build_settings(values)
-
-
-def clock(args: argparse.Namespace):
-    if not getattr(args, "now", None):
-        return time.time
-    fixed = parse_timestamp(args.now)
-    if fixed is None:
-        raise SettingsError(f"--now: not an RFC 3339 timestamp: {args.now!r}")
-    return lambda: fixed
-
-
-def load_store(args: argparse.Namespace) -> ClusterStore:
-    if not args.snapshot:
-        return list_live_store(args)
-    store, stats = load_snapshot(args.snapshot)
-    log.info("snapshot loaded", extra={"file": args.snapshot, **stats.loaded, "skipped_kinds": stats.skipped_kinds,
-                                       "skipped_malformed": stats.skipped_malformed})
-    return store
-
-
-def list_live_store(args: argparse.Namespace) -> ClusterStore:
-    """One list of each kind through the API (``--kubeconfig`` or in-cluster)."""
-    from app.cluster.kube import api_client
-    from app.cluster.listing import ListError, list_store
-
-    with api_client(getattr(args, "kubeconfig", None), getattr(args, "kube_context", None)) as client:
-        try:
-            store, stats = list_store(client)
-        except ListError as e:
-            raise UsageError(str(e)) from None
-    log.info("cluster listed", extra={**stats.loaded, "skipped_malformed": stats.skipped_malformed})
-    return store
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -184,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {paths['ca']}, {paths['cert']}, {paths['key']}", file=sys.stderr)
             print(issued.ca_bundle)
             return 0
-    except (SettingsError, SnapshotError, TLSError, UsageError) as e:
+    except (SettingsError, KubeConfigError, SnapshotError, TLSError, UsageError) as e:
         print(f"kubevirt-eviction-guard: {e}", file=sys.stderr)
         return 2
     return 1

@@ -6,12 +6,12 @@ import argparse
 import sys
 from typing import TextIO
 
-from app.cli import UsageError, clock, load_store, policy_settings
 from app.cluster.store import ClusterStore
 from app.policy import cooldown_state, decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
-from app.policy.decide import describe_in_flight, leaving_age, is_leaving
+from app.policy.decide import describe_in_flight, is_leaving, leaving_age
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
+from app.startup import UsageError, clock, load_store, policy_settings
 from app.timefmt import format_duration, format_timestamp
 
 

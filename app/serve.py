@@ -12,16 +12,16 @@ import threading
 
 import uvicorn
 
-from app.admission.server import GuardContext, create_app
-from app.cli import UsageError, clock, load_store, policy_settings
 from app.admission import protocol
+from app.admission.server import GuardContext, create_app
 from app.cluster.informer import ClusterWatch
 from app.config import SettingsError, load_config_file
+from app.domain.view import ClusterView
 from app.effects import Effects, KubeEffectsApi, LogOnlyApi
-from app.metrics import Metrics
-from app.policy.model import ClusterView
-from app.timefmt import parse_duration
 from app.logs import batch_writes
+from app.metrics import Metrics
+from app.startup import UsageError, clock, load_store, policy_settings
+from app.timefmt import parse_duration
 from app.tls import server_context
 from app.tlsreload import CertReloader
 

@@ -1,6 +1,6 @@
 """AdmissionReview eviction bodies, as the API server sends them, aimed at the synthetic cluster.
 
-Each body is one of the recorded fixtures (``shared/fixtures/admission``: plain
+Each body is one of the recorded fixtures (``tests/fixtures/admission``: plain
 kubectl evictions, the descheduler's, dry runs, v1beta1, mutating and
 validating copies) with the pod, namespace and uid rewritten. Which pods are
 evicted is weighted so that the mix crosses the whole decision table; which
@@ -19,8 +19,7 @@ import orjson
 
 from bench.state import Targets
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = SHARED / "fixtures" / "admission"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "admission"
 
 # which pods are evicted: group in bench.state.Targets -> weight
 POD_MIX = {
@@ -62,7 +61,7 @@ class Body:
 
 def load_fixtures() -> dict[str, dict]:
     if not FIXTURES.is_dir():
-        raise FileNotFoundError(f"{FIXTURES}: the shared fixtures must sit beside the repository, in ../shared")
+        raise FileNotFoundError(f"{FIXTURES}: the recorded AdmissionReviews (tests/fixtures/admission) are missing")
     out = {}
     for stem in REQUEST_MIX:
         f = FIXTURES / f"{stem}.json"

@@ -26,8 +26,9 @@ import orjson
 
 from app.admission import review as rv
 from app.cluster.snapshot import load_snapshot
+from app.domain.view import HEALTHY
 from app.policy import decide
-from app.policy.model import HEALTHY, PolicySettings
+from app.policy.model import PolicySettings
 from app.timefmt import parse_timestamp
 from bench.bodies import read_bodies
 from bench.state import NOW_TEXT

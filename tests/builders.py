@@ -9,11 +9,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from app.cluster.records import migration_from_object, node_from_object, pod_from_object, vmi_from_object
 from app.cluster.store import ClusterStore
+from app.domain.records import migration_from_object, node_from_object, pod_from_object, vmi_from_object
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = SHARED / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NOW_DT = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
 NOW = NOW_DT.timestamp()
 NS = "vms"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import orjson
@@ -13,9 +12,9 @@ from app.admission.asgi import AdmissionEndpoint
 from app.admission.server import GuardContext, create_app
 from app.cluster.store import ClusterStore
 from app.policy.model import PolicySettings
+from tests.builders import FIXTURES
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-PLAIN = (SHARED / "fixtures" / "admission" / "eviction-plain.validating.json").read_bytes()
+PLAIN = (FIXTURES / "admission" / "eviction-plain.validating.json").read_bytes()
 JSON = {"Content-Type": "application/json"}
 
 

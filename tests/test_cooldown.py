@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.cluster.records import migration_from_object, vmi_from_object
+from app.domain.records import migration_from_object, vmi_from_object
 from app.policy import PolicySettings, cooldown_state, effective_cooldown, finished_migrations
 from tests.builders import HOUR, MIN, NOW, mstate, vmi, vmim
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import time
-import socket
 import warnings
 
 import httpx

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import orjson
 import pytest
@@ -21,14 +20,14 @@ from app.admission.server import GuardContext, create_app
 from app.cluster.informer import ClusterWatch, LoopOptions
 from app.metrics import Metrics
 from app.policy.model import PolicySettings
+from tests.builders import FIXTURES
 from tests.fakeapi import FakeApiServer
 from tests.fakeapi import objects as o
 from tests.live_support import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REQUEST = orjson.loads((SHARED / "fixtures/admission/eviction-requested-by-descheduler.validating.json").read_bytes())
+REQUEST = orjson.loads((FIXTURES / "admission/eviction-requested-by-descheduler.validating.json").read_bytes())
 NS, POD = REQUEST["request"]["namespace"], REQUEST["request"]["name"]  # vms / virt-launcher-desched
 VMI = "desched"
 FAST = LoopOptions(page_size=2, watch_timeout=5, idle_timeout=5, backoff_base=0.05, backoff_cap=0.3, quick_end=0.05)

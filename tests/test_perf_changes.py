@@ -10,7 +10,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.cluster.records import MigrationRecord, MigrationState, VMIRecord, pod_from_object, vmi_from_object
+from app.domain.records import MigrationRecord, MigrationState, VMIRecord, pod_from_object, vmi_from_object
 from app.logs import BatchingStreamHandler, JSONFormatter
 from app.policy.decide import leaving_age
 

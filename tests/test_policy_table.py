@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from app.policy import CacheHealth, EvictionRequest, PolicySettings, decide
+from app.domain.view import CacheHealth
+from app.policy import EvictionRequest, PolicySettings, decide
 from tests.builders import MIN, NOW, mstate, node, pod, store_of, vmi, vmim
 
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True)]

@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from app.cluster.records import RecordError, migration_from_object, node_from_object, pod_from_object, vmi_from_object
 from app.cluster.snapshot import SnapshotError, load_snapshot
 from app.cluster.store import ClusterStore
+from app.domain.records import RecordError, migration_from_object, node_from_object, pod_from_object, vmi_from_object
 from tests.builders import FIXTURES, node, pod, vmi, vmim
 
 OBJ = FIXTURES / "objects"

@@ -42,8 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from app.tls import issue_certs, write_certs
 from app.timefmt import parse_duration
+from app.tls import issue_certs, write_certs
 from tests.fakeapi import FakeApiServer
 from tests.fakeapi import objects as o
 from tests.guard_process import ROOT, GuardProcess

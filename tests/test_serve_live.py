@@ -17,13 +17,13 @@ import pytest
 
 from app.cli import main
 from app.tls import issue_certs, write_certs
+from tests.builders import FIXTURES
 from tests.fakeapi import FakeApiServer
 from tests.fakeapi import objects as o
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-REQUEST = (SHARED / "fixtures/admission/eviction-requested-by-descheduler.validating.json").read_bytes()
+REQUEST = (FIXTURES / "admission/eviction-requested-by-descheduler.validating.json").read_bytes()
 
 
 def _free_port() -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.cluster.records import vmi_from_object
+from app.domain.records import vmi_from_object
 from app.policy.model import PolicySettings, Reason
 from app.sim.guards import Guard, Mode, Plugin
 from app.sim.kubevirt import NAMESPACE

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from app.cluster.records import MigrationState, NodeRecord, VMIRecord, migration_from_object, pod_from_object
-from app.cluster.store import NODE, POD, VMI, VMIM, ClusterStore
+from app.cluster.store import ClusterStore
+from app.domain.kinds import NODE, POD, VMI, VMIM
+from app.domain.records import MigrationState, NodeRecord, VMIRecord, migration_from_object, pod_from_object
 from tests.fakeapi import objects as o
 
 

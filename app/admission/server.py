@@ -21,9 +21,10 @@ from fastapi.responses import Response
 
 from app.admission import review as rv
 from app.admission.asgi import AdmissionEndpoint, GuardApp
+from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.metrics import Metrics
 from app.policy import decide
-from app.policy.model import HEALTHY, CacheHealth, ClusterView, Decision, PolicySettings
+from app.policy.model import Decision, PolicySettings
 
 log = logging.getLogger("kubevirt_eviction_guard.admission")
 JSON = "application/json"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from app.policy.model import CacheHealth
+from app.domain.view import CacheHealth
 
 NOT_LISTED = "not listed yet"
 

@@ -80,16 +80,11 @@ from kubernetes.client.exceptions import ApiException
 
 from app.backoff import EQUAL, Backoff
 from app.cluster.health import CacheHealthBoard, KindStatus
-from app.cluster.records import (
-    RecordError,
-    migration_from_object,
-    node_from_object,
-    pod_from_object,
-    vmi_from_object,
-)
-from app.cluster.store import KINDS, NODE, POD, VMI, VMIM, ClusterStore, Record
+from app.cluster.store import ClusterStore, Record
+from app.domain.kinds import KINDS, NODE, POD, VMI, VMIM
+from app.domain.records import RecordError, migration_from_object, node_from_object, pod_from_object, vmi_from_object
+from app.domain.view import CacheHealth
 from app.metrics import Metrics
-from app.policy.model import CacheHealth
 
 log = logging.getLogger("kubevirt_eviction_guard.cluster")
 

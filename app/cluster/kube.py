@@ -10,12 +10,10 @@ import os
 
 from kubernetes import client, config
 
-from app.config import SettingsError
-
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 
 
-class KubeConfigError(SettingsError):
+class KubeConfigError(Exception):
     """No usable way to reach the API server; the text says which file or setting."""
 
 

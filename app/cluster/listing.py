@@ -20,7 +20,10 @@ import urllib3
 from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from app.cluster.records import (
+from app.cluster.snapshot import SnapshotStats
+from app.cluster.store import ClusterStore
+from app.domain.kinds import NODE, POD, VMI, VMIM
+from app.domain.records import (
     LAUNCHER_LABEL,
     LAUNCHER_VALUE,
     RecordError,
@@ -29,8 +32,6 @@ from app.cluster.records import (
     pod_from_object,
     vmi_from_object,
 )
-from app.cluster.snapshot import SnapshotStats
-from app.cluster.store import NODE, POD, VMI, VMIM, ClusterStore
 
 PAGE = 500
 TIMEOUT = (5.0, 60.0)

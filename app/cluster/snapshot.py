@@ -16,14 +16,9 @@ from typing import Any
 import orjson
 import yaml
 
-from app.cluster.records import (
-    RecordError,
-    migration_from_object,
-    node_from_object,
-    pod_from_object,
-    vmi_from_object,
-)
-from app.cluster.store import KINDS, NODE, POD, VMI, VMIM, ClusterStore
+from app.cluster.store import ClusterStore
+from app.domain.kinds import KINDS, NODE, POD, VMI, VMIM
+from app.domain.records import RecordError, migration_from_object, node_from_object, pod_from_object, vmi_from_object
 
 PARSERS = {
     "VirtualMachineInstance": (VMI, vmi_from_object),

@@ -22,10 +22,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Union
 
-from app.cluster.records import LauncherPod, MigrationRecord, NodeRecord, VMIRecord
-
-VMI, VMIM, POD, NODE = "vmi", "vmim", "pod", "node"
-KINDS = (VMI, VMIM, POD, NODE)
+from app.domain.kinds import NODE, POD, VMI, VMIM
+from app.domain.records import LauncherPod, MigrationRecord, NodeRecord, VMIRecord
 
 Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord]
 Key = Union[tuple[str, str], str]

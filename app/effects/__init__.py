@@ -15,14 +15,15 @@ import time
 from collections.abc import Callable
 
 from app.admission.review import Review
+from app.backoff import Backoff
+from app.domain.view import ClusterView
 from app.effects.annotate import AnnotateJob, wanted
 from app.effects.decision_log import log_decision
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
 from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
-from app.backoff import Backoff
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
-from app.policy.model import ClusterView, Decision
+from app.policy.model import Decision
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 

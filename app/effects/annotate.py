@@ -25,11 +25,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from app.cluster.records import EVICTION_IN_PROGRESS, LauncherPod, VMIRecord
+from app.domain.records import EVICTION_IN_PROGRESS, LauncherPod, VMIRecord
+from app.domain.view import ClusterView
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
 from app.effects.queue import Later, Retry
 from app.policy.decide import is_vm_pod
-from app.policy.model import ClusterView, Decision
+from app.policy.model import Decision
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 KIND = "annotation"

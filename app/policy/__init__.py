@@ -1,12 +1,16 @@
 """The product's judgement: pure functions of (request, cluster view, now, settings)."""
 
-from app.policy.cooldown import CooldownState, FinishedMigration, cooldown_state, effective_cooldown, finished_migrations
+from app.policy.cooldown import (
+    CooldownState,
+    FinishedMigration,
+    cooldown_state,
+    effective_cooldown,
+    finished_migrations,
+)
 from app.policy.decide import decide
-from app.policy.model import CacheHealth, ClusterView, Decision, EvictionRequest, PolicySettings, Reason
+from app.policy.model import Decision, EvictionRequest, PolicySettings, Reason
 
 __all__ = [
-    "CacheHealth",
-    "ClusterView",
     "CooldownState",
     "Decision",
     "EvictionRequest",

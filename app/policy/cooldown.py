@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from app.cluster.records import MigrationRecord, VMIRecord
+from app.domain.records import MigrationRecord, VMIRecord
 from app.policy.model import PolicySettings
 
 

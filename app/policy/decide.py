@@ -10,20 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.cluster.records import LauncherPod, MigrationRecord, VMIRecord
-from app.cluster.store import NODE, POD, VMI, VMIM
+from app.domain.kinds import NODE, POD, VMI, VMIM
+from app.domain.records import LauncherPod, MigrationRecord, VMIRecord
+from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
-from app.policy.model import (
-    DESCHEDULER_REQUESTER,
-    HEALTHY,
-    SCOPE_ALL,
-    CacheHealth,
-    ClusterView,
-    Decision,
-    EvictionRequest,
-    PolicySettings,
-    Reason,
-)
+from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
 from app.timefmt import format_duration
 
 COMPLETED_PHASES = ("Succeeded", "Failed")

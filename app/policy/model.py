@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from app.cluster.records import LauncherPod, MigrationRecord, NodeRecord, VMIRecord
+from app.domain.records import LauncherPod, VMIRecord
 
 DESCHEDULER_REQUESTER = "sigs.k8s.io/descheduler"
 SCOPE_DESCHEDULER = "descheduler"
@@ -62,21 +60,6 @@ class EvictionRequest:
 
 
 @dataclass(slots=True, frozen=True)
-class CacheHealth:
-    """Which kinds of cluster state cannot be trusted right now."""
-
-    not_synced: frozenset[str] = frozenset()  # never listed yet: readiness false
-    stale: frozenset[str] = frozenset()  # watch broken for longer than the threshold
-
-    @property
-    def ready(self) -> bool:
-        return not self.not_synced
-
-
-HEALTHY = CacheHealth()
-
-
-@dataclass(slots=True, frozen=True)
 class Decision:
     allowed: bool
     reason: str
@@ -97,19 +80,3 @@ class Decision:
     def background(self) -> bool:
         """Rules 6 and 7: the descheduler should count this eviction as running in the background."""
         return self.reason in (Reason.MIGRATION_IN_PROGRESS, Reason.EVACUATION_PENDING)
-
-
-class ClusterView(Protocol):
-    """The questions policy asks of the cluster (ClusterStore answers them)."""
-
-    def pod(self, namespace: str, name: str) -> LauncherPod | None: ...
-
-    def vmi(self, namespace: str, name: str) -> VMIRecord | None: ...
-
-    def node(self, name: str) -> NodeRecord | None: ...
-
-    def migrations(self, namespace: str, vmi_name: str) -> Sequence[MigrationRecord]: ...
-
-    def unfinished_migration(self, uid: str) -> MigrationRecord | None: ...
-
-    def leaving_candidates(self, node: str) -> Sequence[VMIRecord]: ...

@@ -16,8 +16,9 @@
 
 from __future__ import annotations
 
+from app.domain.view import HEALTHY
 from app.policy import decide, effective_cooldown
-from app.policy.model import DESCHEDULER_REQUESTER, HEALTHY, EvictionRequest, PolicySettings
+from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
 
 MODES = ("off", "plugin", "guard")

@@ -27,7 +27,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.cluster.records import (
+from app.cluster.store import ClusterStore
+from app.domain.kinds import POD, VMIM
+from app.domain.records import (
     DOMAIN_ANNOTATION,
     EVACUATION_MIGRATION,
     EVICTION_IN_PROGRESS,
@@ -37,7 +39,6 @@ from app.cluster.records import (
     pod_from_object,
     vmi_from_object,
 )
-from app.cluster.store import POD, VMIM, ClusterStore
 from app.sim.model import VM, Node
 from app.sim.scenario import KubeVirtSettings
 from app.timefmt import format_timestamp

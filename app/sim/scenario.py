@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from app.config import SETTING_NAMES, SettingsError, build_settings, read_yaml_file
 from app.policy.model import PolicySettings
 from app.sim.model import VM, Node, Profile, Steady, Walk, Wave

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from app.admission import review as rv
-from app.cluster.records import migration_from_object, node_from_object, pod_from_object, vmi_from_object
 from app.cluster.store import ClusterStore
+from app.domain.records import migration_from_object, node_from_object, pod_from_object, vmi_from_object
 from app.policy import PolicySettings, decide
 from app.timefmt import format_timestamp
 

@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.admission import review as rv
 from app.admission.server import GuardContext
-from app.cluster.listing import list_into
-from app.cluster.records import vmi_from_object
-from app.cluster.store import ClusterStore
-from app.effects import Effects, KubeEffectsApi
 from app.backoff import Backoff
+from app.cluster.listing import list_into
+from app.cluster.store import ClusterStore
+from app.domain.records import vmi_from_object
+from app.effects import Effects, KubeEffectsApi
 from app.metrics import Metrics
 from app.policy import PolicySettings, Reason, decide
 from app.policy.model import Decision

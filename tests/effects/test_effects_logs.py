@@ -11,7 +11,16 @@ from app.effects.decision_log import log_decision
 from app.logs import JSONFormatter, TextFormatter
 from app.metrics import Metrics
 from tests.effects.support import (
-    DESCHEDULER, DESCHEDULER_USER, EVICTION_REASON, NS, RecordingApi, decided, node_obj, pod_obj, store_of, vmi_obj,
+    DESCHEDULER,
+    DESCHEDULER_USER,
+    EVICTION_REASON,
+    NS,
+    RecordingApi,
+    decided,
+    node_obj,
+    pod_obj,
+    store_of,
+    vmi_obj,
 )
 
 POD = "virt-launcher-db-abcde"

@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import UsageError, build_parser
+from app.cli import build_parser
 from app.config import SettingsError
 from app.effects import Effects, LogOnlyApi
 from app.serve import build_context
+from app.startup import UsageError
 
 DEMO = str(Path(__file__).resolve().parents[2] / "examples" / "demo-snapshot.yaml")
 

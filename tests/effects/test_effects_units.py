@@ -5,7 +5,7 @@ import logging
 import jsonpatch
 import pytest
 
-from app.cluster.records import pod_from_object, vmi_from_object
+from app.domain.records import pod_from_object, vmi_from_object
 from app.effects import Effects
 from app.effects.annotate import AnnotateJob, annotation_patch, wanted, why_not
 from app.effects.events import EVENT_REASON, EventRecorder, event_message
@@ -14,7 +14,17 @@ from app.effects.queue import Backoff, EffectQueue, Retry
 from app.metrics import Metrics
 from app.policy import Reason
 from tests.effects.support import (
-    EIP, EVICTION_REASON, NS, FakeClock, RecordingApi, decided, node_obj, pod_obj, review_of, store_of, vmi_obj,
+    EIP,
+    EVICTION_REASON,
+    NS,
+    FakeClock,
+    RecordingApi,
+    decided,
+    node_obj,
+    pod_obj,
+    review_of,
+    store_of,
+    vmi_obj,
 )
 
 POD = "virt-launcher-db-abcde"

@@ -30,12 +30,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch

@@ -1,0 +1,62 @@
+"""What every command starts from: its settings, its clock, and the cluster state
+(a snapshot file, or one list of a live cluster). Shared by ``serve``, ``explain``
+and ``report``; ``app.cli`` only parses arguments and dispatches."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from app.cluster.snapshot import load_snapshot
+from app.cluster.store import ClusterStore
+from app.config import SETTING_NAMES, SettingsError, build_settings, load_config_file
+from app.policy.model import PolicySettings
+from app.timefmt import parse_timestamp
+
+log = logging.getLogger("kubevirt_eviction_guard")
+
+
+class UsageError(Exception):
+    """A command cannot run as asked; the text says why."""
+
+
+def policy_settings(args: argparse.Namespace) -> PolicySettings:
+    values = load_config_file(args.config) if args.config else {}
+    for name in SETTING_NAMES:
+        flag = getattr(args, name, None)
+        if flag is not None:
+            values[name] = flag
+    return build_settings(values)
+
+
+def clock(args: argparse.Namespace):
+    if not getattr(args, "now", None):
+        return time.time
+    fixed = parse_timestamp(args.now)
+    if fixed is None:
+        raise SettingsError(f"--now: not an RFC 3339 timestamp: {args.now!r}")
+    return lambda: fixed
+
+
+def load_store(args: argparse.Namespace) -> ClusterStore:
+    if not args.snapshot:
+        return list_live_store(args)
+    store, stats = load_snapshot(args.snapshot)
+    log.info("snapshot loaded", extra={"file": args.snapshot, **stats.loaded, "skipped_kinds": stats.skipped_kinds,
+                                       "skipped_malformed": stats.skipped_malformed})
+    return store
+
+
+def list_live_store(args: argparse.Namespace) -> ClusterStore:
+    """One list of each kind through the API (``--kubeconfig`` or in-cluster)."""
+    from app.cluster.kube import api_client
+    from app.cluster.listing import ListError, list_store
+
+    with api_client(getattr(args, "kubeconfig", None), getattr(args, "kube_context", None)) as client:
+        try:
+            store, stats = list_store(client)
+        except ListError as e:
+            raise UsageError(str(e)) from None
+    log.info("cluster listed", extra={**stats.loaded, "skipped_malformed": stats.skipped_malformed})
+    return store

@@ -1,0 +1,78 @@
+"""The import graph points one way (README, "Layout").
+
+domain is a leaf; policy reads only domain; cluster and admission read policy and
+domain; nothing but ``app.__main__`` imports the command line. Leaf utilities
+(timestamps, backoff, metrics) import nothing from the application and may be used
+by any layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parents[1] / "app"
+LEAF_UTILITIES = {"app.timefmt", "app.backoff", "app.metrics"}
+
+# package -> the application modules (prefixes) it may import besides itself and the leaf utilities
+ALLOWED = {
+    "app.domain": set(),
+    "app.policy": {"app.domain"},
+    "app.cluster": {"app.domain", "app.policy"},
+    "app.admission": {"app.domain", "app.policy"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(APP.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def app_imports(path: Path, modules: set[str]) -> set[str]:
+    """Application modules a file imports (``from M import n`` counts as M, or M.n when that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("app"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("app."))
+    return found - {"app"}  # the package itself: __version__
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+FILES = {module_name(p): p for p in APP.rglob("*.py")}
+MODULES = {mod: app_imports(path, set(FILES)) for mod, path in FILES.items()}
+
+
+def violations(package: str, graph: dict[str, set[str]]) -> set[str]:
+    allowed = ALLOWED[package] | LEAF_UTILITIES | {package}
+    return {
+        f"{mod} -> {imp}"
+        for mod, imps in graph.items() if _within(mod, package)
+        for imp in imps if not any(_within(imp, a) for a in allowed)
+    }
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_points_only_at_lower_layers(package: str) -> None:
+    assert not violations(package, MODULES)
+
+
+def test_the_check_sees_a_wrong_arrow() -> None:
+    graph = dict(MODULES, **{"app.policy.decide": MODULES["app.policy.decide"] | {"app.cluster.store"}})
+    assert violations("app.policy", graph) == {"app.policy.decide -> app.cluster.store"}
+def test_leaf_utilities_import_nothing_from_the_application() -> None:
+    for util in LEAF_UTILITIES:
+        assert not MODULES[util], (util, MODULES[util])
+
+
+def test_only_main_imports_the_command_line() -> None:
+    users = {mod for mod, imps in MODULES.items() if any(_within(i, "app.cli") for i in imps)}
+    assert users == {"app.__main__"}
