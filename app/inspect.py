@@ -46,7 +46,7 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
     node = store.node(pod.node)
     w(f"\npod:      node={pod.node or '-'} phase={pod.phase or '-'} launcher={pod.is_launcher} "
       f"vmi={pod.vmi_name or '-'} eviction-in-progress={pod.eviction_in_progress}\n")
-    w(f"node:     {pod.node or '-'} cordoned={node.unschedulable if node else 'unknown'}\n")
+    w(f"node:     {pod.node or '-'} draining={(node.drain or 'no') if node else 'unknown'}\n")
     vmi = store.vmi(pod.namespace, pod.vmi_name)
     if vmi is None:
         return

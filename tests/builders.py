@@ -26,8 +26,10 @@ def ts(minutes_ago: float | None) -> str | None:
     return (NOW_DT - timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def node(name: str, cordoned: bool = False) -> dict:
-    spec = {"unschedulable": True} if cordoned else {}
+def node(name: str, cordoned: bool = False, taints: tuple[str, ...] = ()) -> dict:
+    spec: dict = {"unschedulable": True} if cordoned else {}
+    if taints:
+        spec["taints"] = [{"key": k, "effect": "NoSchedule"} for k in taints]
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": spec}
 
 

@@ -14,7 +14,9 @@ from app.domain.view import CacheHealth
 from app.policy import EvictionRequest, PolicySettings, decide
 from tests.builders import MIN, NOW, mstate, node, pod, store_of, vmi, vmim
 
-NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True)]
+NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
+         node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), node("worker-e", taints=("node.kubernetes.io/unschedulable",)),
+         node("worker-f", taints=("node-role.kubernetes.io/infra",))]
 P = "virt-launcher-db-abcde"  # the pod evicted in most rows: VMI "db"
 BG = 'Evacuation in progress: Eviction triggered evacuation of VMI "vms/db"'
 
@@ -122,6 +124,9 @@ ROWS = [
         desched(), True, "allowed", settings=PolicySettings(evacuation_stale_after=60)),
     Row("8 drain exemption: cordoned node", [vmi("db", "worker-c"), pod("db", "worker-c"), vmi("web", "worker-c", evacuation="worker-c")],
         desched(), True, "allowed", "cordoned"),
+    Row("8 drain exemption: autoscaler taint, not cordoned",
+        [vmi("db", "worker-d"), pod("db", "worker-d"), vmi("web", "worker-d", evacuation="worker-d")],
+        desched(), True, "allowed", "ToBeDeletedByClusterAutoscaler"),
     # 9. cooldown
     Row("9 cooldown, exact text", [DB_RECENT, DB_POD], desched(), False, "cooldown",
         'VMI "vms/db" is in migration cooldown: last migration finished 5m0s ago, cooldown 15m0s '
@@ -131,6 +136,18 @@ ROWS = [
         False, "cooldown", settings=PolicySettings(descheduler_users=frozenset({"system:serviceaccount:ops:rebalancer"}))),
     Row("9 cooldownScope all", [DB_RECENT, DB_POD], user(), False, "cooldown", settings=PolicySettings(cooldown_scope="all")),
     Row("9 drain exemption: cordoned node", [vmi("db", "worker-c", migration=RECENT), pod("db", "worker-c")], desched(), True, "allowed"),
+    Row("9 drain exemption: autoscaler taint, not cordoned", [vmi("db", "worker-d", migration=RECENT), pod("db", "worker-d")],
+        desched(), True, "allowed", "tainted ToBeDeletedByClusterAutoscaler"),
+    Row("9 drain exemption: unschedulable taint", [vmi("db", "worker-e", migration=RECENT), pod("db", "worker-e")],
+        desched(), True, "allowed", "tainted node.kubernetes.io/unschedulable"),
+    Row("9 scope all: autoscaler's eviction on its tainted node passes",
+        [vmi("db", "worker-d", migration=RECENT), pod("db", "worker-d")], user(username="system:serviceaccount:kube-system:cluster-autoscaler"),
+        True, "allowed", "ToBeDeletedByClusterAutoscaler", settings=PolicySettings(cooldown_scope="all")),
+    Row("8 scope all: autoscaler's eviction passes the node budget on its tainted node",
+        [vmi("db", "worker-d"), pod("db", "worker-d"), vmi("web", "worker-d", evacuation="worker-d")], user(), True, "allowed",
+        "being drained", settings=PolicySettings(cooldown_scope="all")),
+    Row("9 another taint is no drain", [vmi("db", "worker-f", migration=RECENT), pod("db", "worker-f")],
+        desched(), False, "cooldown"),
     Row("9 cooldown over", [vmi("db", "worker-a", migration=mstate("m1", "worker-b", "worker-a", 22, 20)), DB_POD], desched(), True, "allowed"),
     Row("9 cooldown 0 means no cooldown", [DB_RECENT, DB_POD], desched(), True, "allowed",
         settings=PolicySettings(migration_cooldown=0, max_migration_cooldown=0)),

@@ -48,7 +48,7 @@ def test_pod_fixtures() -> None:
     assert target.migration_job_uid == "51c0a7e2-88d3-4e0f-a9b4-2d6e3c1f7a55"
     assert pod_from_object(load("pod-virt-launcher-evacuating-source.json")).eviction_in_progress
     assert pod_from_object(load("pod-virt-launcher-migration-source-completed.json")).phase == "Succeeded"
-    assert node_from_object(load("node-cordoned.json")).unschedulable
+    assert node_from_object(load("node-cordoned.json")).drain == "cordoned"
 
 
 def test_kubevirt_apitesting_vmi_projects_small() -> None:

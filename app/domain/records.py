@@ -26,6 +26,9 @@ MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_IN_PROGRESS = "descheduler.alpha.kubernetes.io/eviction-in-progress"
 EVACUATION_MIGRATION = "kubevirt.io/evacuationMigration"
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
+AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+DRAIN_TAINTS = frozenset({AUTOSCALER_DRAIN_TAINT, UNSCHEDULABLE_TAINT})
 
 _intern = sys.intern
 
@@ -227,7 +230,11 @@ def pod_from_object(obj: Any) -> LauncherPod:
 @dataclass(slots=True, frozen=True)
 class NodeRecord:
     name: str
-    unschedulable: bool  # spec.unschedulable: cordoned, being drained
+    drain: str = ""  # why the node counts as being drained ("" when it does not): see drain_signal
+
+    @property
+    def draining(self) -> bool:
+        return bool(self.drain)
 
     @property
     def key(self) -> str:
@@ -236,4 +243,22 @@ class NodeRecord:
 
 def node_from_object(obj: Any) -> NodeRecord:
     _, _, name = _meta(obj)
-    return NodeRecord(name=_s(name), unschedulable=_d(obj.get("spec")).get("unschedulable") is True)
+    return NodeRecord(name=_s(name), drain=drain_signal(_d(obj.get("spec"))))
+
+
+def drain_signal(spec: dict) -> str:
+    """Why a node is being drained, from its spec; "" when it is not.
+
+    ``kubectl drain`` and maintenance operators cordon (``spec.unschedulable``).
+    cluster-autoscaler taints the node ``ToBeDeletedByClusterAutoscaler`` and cordons
+    only when configured to, so the taint alone means a drain too; so does the
+    ``node.kubernetes.io/unschedulable`` taint that accompanies a cordon.
+    """
+    if spec.get("unschedulable") is True:
+        return "cordoned"
+    taints = spec.get("taints")
+    for taint in taints if isinstance(taints, list) else ():
+        key = _d(taint).get("key")
+        if key in DRAIN_TAINTS:
+            return _intern(f"tainted {key}")
+    return ""

@@ -69,8 +69,9 @@ def decide(
     if NODE in health.stale:
         return _stale(health, dry, vmi=vmi, pod=pod)
     node = view.node(pod.node)
-    if node is not None and node.unschedulable:
-        return _allow(Reason.ALLOWED, f'node "{pod.node}" is cordoned: drains are never held back', dry, vmi, pod)
+    if node is not None and node.draining:
+        return _allow(Reason.ALLOWED, f'node "{pod.node}" is being drained ({node.drain}): drains are never held back',
+                      dry, vmi, pod)
     # 8. the node already has VMs leaving
     leaving = others_leaving(pod.node, vmi, view, now, settings)
     budget = settings.pending_evacuations_per_node

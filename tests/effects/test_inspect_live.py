@@ -57,7 +57,7 @@ def test_explain_says_why_a_vm_was_not_moved(kubeconfig, capsys):
     assert "decision: DENY (429 TooManyRequests)  reason: cooldown" in out
     assert "retry in 10m0s" in out
     code, out, _ = run(capsys, "explain", "--kubeconfig", path, "-n", NS, "--pod", "virt-launcher-quiet-bbbbb")
-    assert "reason: allowed" in out and "cordoned: drains are never held back" in out
+    assert "reason: allowed" in out and "being drained (cordoned): drains are never held back" in out
 
 
 def test_unreachable_cluster_and_missing_kubeconfig_are_clear_errors(kubeconfig, capsys, tmp_path):
