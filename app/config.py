@@ -21,7 +21,8 @@ DURATIONS = {
     "migrationHistoryWindow": "migration_history_window",
     "evacuationStaleAfter": "evacuation_stale_after",
 }
-SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode")
+POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
+SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *POINTS)
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")
 
@@ -96,6 +97,19 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
         if budget < 0:
             raise SettingsError(f"pendingEvacuationsPerNode: must not be negative, got {budget}")
         kwargs["pending_evacuations_per_node"] = budget
+    for name, attr in POINTS.items():
+        raw = values.get(name)
+        if raw is None:
+            continue
+        try:
+            if isinstance(raw, bool):
+                raise ValueError
+            points = float(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{name}: must be a number of score points (0 to 100), got {raw!r}") from None
+        if not 0 <= points <= 100:
+            raise SettingsError(f"{name}: must be between 0 and 100 score points, got {raw!r}")
+        kwargs[attr] = points
     settings = PolicySettings(**kwargs)
     if (
         settings.max_migration_cooldown > 0
