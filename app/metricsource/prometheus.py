@@ -29,6 +29,7 @@ import httpx
 from app.domain.usage import NodeUsage, UsageSnapshot, VMUsage
 
 log = logging.getLogger("kubevirt_eviction_guard.prometheus")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per query otherwise
 
 SCORE = "descheduler:node:linear_amplified_ideal_point_positive_distance:k3:avg1m"
 QUERIES = {
