@@ -93,6 +93,7 @@ def test_steering_end_to_end(prometheus, snapshot_file, tmp_path) -> None:
             assert samples[("kubevirt_eviction_guard_prometheus_queries_total", frozenset({("outcome", "ok")}))] >= 1
             assert samples[("kubevirt_eviction_guard_decisions_total",
                             frozenset({("decision", "denied"), ("reason", "better_candidate")}))] >= 1
+        eventually(lambda: '"best":"vms/big"' in g.log.read_text(), timeout=5, what="the ranking in the decision log")
     finally:
         g.stop()
 
