@@ -456,6 +456,8 @@ class KubeVirt:
         share = self.network(source) / len(active)
         for m in active:
             self._advance(m, now)
+            if m.stalled_since is not None and now - m.stalled_since >= self.s.progress_timeout - EPS:
+                continue  # already aborted for lack of progress; its end event is due now
             m.share = share
             self._plan(m, now)
 
