@@ -205,7 +205,7 @@ class KubeVirt:
         self.copying: dict[str, list[Migration]] = {n.name: [] for n in nodes}  # by source node
         self.outbound: dict[str, int] = {n.name: 0 for n in nodes}
         self.marked_on: dict[str, int] = {n.name: 0 for n in nodes}
-        self.max_marked_on_one_node = 0
+        self.max_marked_on_one_node = 0  # VMs marked at once on one node that is not being drained
         self.finished: list[MigrationRun] = []
         self.concurrent_evacuations = 0  # descheduler marked a VM while another was marked on that node
         self.listeners: list[Callable[[Migration], None]] = []  # told of every finished migration
@@ -324,7 +324,8 @@ class KubeVirt:
         if from_descheduler and self.marked_on[node] > 0:
             self.concurrent_evacuations += 1
         self.marked_on[node] += 1
-        self.max_marked_on_one_node = max(self.max_marked_on_one_node, self.marked_on[node])
+        if not (pod.node.cordoned or pod.node.no_schedule):  # a drain empties its node by design
+            self.max_marked_on_one_node = max(self.max_marked_on_one_node, self.marked_on[node])
         vmi.evacuation_node = node
         vmi.from_descheduler = from_descheduler
         self.publish_vmi(vmi)

@@ -59,7 +59,7 @@ ROWS = (
     ("spread: std of node score (points)", "spread_score", "{:.2f}"),
     ("spread: std of node CPU (pp)", "spread_cpu", "{:.2f}"),
     ("drain completion (s)", "drain_seconds", "{:.0f}"),
-    ("most VMs leaving one node at once", "max_leaving_per_node", "{:.1f}"),
+    ("most VMs leaving one node at once (not drained)", "max_leaving_per_node", "{:.1f}"),
     ("descheduler stalled by failing in-flight entries (s)", "stall_seconds", "{:.0f}"),
     ("failed migrations", "failed_migrations", "{:.0f}"),
     ("evictions sent: allowed", "evictions.allowed", "{:.0f}"),
