@@ -115,6 +115,8 @@ class Simulation:
             guard = guard_settings(guard_settings_for(spec, scenario.guard_raw, guard_overrides or {}),
                                    f"mode {mode}")
         self.mode = Mode(spec, self.kv, scenario.plugin, guard)
+        if scenario.history_hook is not None:
+            self.mode.descheduler_restarted(0)  # a descheduler that starts now: plugin history from kept VMIMs
         ds = scenario.descheduler
         if spec.baseline.eviction_limit_node is not None:
             ds = dataclasses.replace(ds, eviction_limit_node=spec.baseline.eviction_limit_node)
