@@ -123,6 +123,7 @@ def test_data_older_than_the_limit_fails_open(prometheus, snapshot_file, tmp_pat
             r = evict(http, "virt-launcher-db-abcde")
             assert (r["allowed"], reason(r)) == (True, "metrics_unavailable")
         eventually(lambda: "is 3m20s old (limit 3s)" in g.log.read_text(), timeout=5, what="the decision log line")
+        assert g.log.read_text().count("prometheus data is older than 3s") == 1  # logged once, not every round
     finally:
         g.stop()
 

@@ -220,9 +220,14 @@ class PrometheusSource:
         self._snapshot = snap
         if self._metrics is not None:
             self._metrics.prometheus_queries.labels("ok").inc()
-        if self._last_problem:
+        age = snap.age(self.clock()) or 0.0
+        problem = f"stale: the oldest node score sample is {age:.0f}s old" if age > self.max_age else ""
+        if problem and problem.split(":")[0] != self._last_problem.split(":")[0]:
+            log.warning("prometheus data is older than %.0fs; steering fails open", self.max_age,
+                        extra={"error": problem})
+        elif not problem and self._last_problem:
             log.info("prometheus queries recovered", extra={"nodes": len(snap.nodes), "vms": len(snap.vms)})
-        self._last_problem = ""
+        self._last_problem = problem
 
     def _run(self) -> None:
         while not self._stop.is_set():
