@@ -66,3 +66,21 @@ class UsageSnapshot:
 
     def vms_on(self, node: str) -> list[tuple[tuple[str, str], VMUsage]]:
         return sorted((k, v) for k, v in self.vms.items() if v.node == node)
+
+
+def indexed(snapshot: UsageSnapshot) -> UsageSnapshot:
+    """The same snapshot, answering ``vms_on`` from a per-node index (built once per round,
+    so that a decision reads the node's VMs, not every VM in the cluster)."""
+    by_node: dict[str, list] = {}
+    for key, vm in snapshot.vms.items():
+        by_node.setdefault(vm.node, []).append((key, vm))
+    return _Indexed(snapshot.taken_at, snapshot.max_age, snapshot.nodes, snapshot.vms, snapshot.averages,
+                    snapshot.error, MappingProxyType({n: tuple(sorted(v)) for n, v in by_node.items()}))
+
+
+@dataclass(slots=True, frozen=True)
+class _Indexed(UsageSnapshot):
+    by_node: Mapping[str, tuple] = field(default_factory=_empty)
+
+    def vms_on(self, node: str) -> list[tuple[tuple[str, str], VMUsage]]:
+        return list(self.by_node.get(node, ()))

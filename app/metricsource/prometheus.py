@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from app.domain.usage import NodeUsage, UsageSnapshot, VMUsage
+from app.domain.usage import NodeUsage, UsageSnapshot, VMUsage, indexed
 
 log = logging.getLogger("kubevirt_eviction_guard.prometheus")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per query otherwise
@@ -120,8 +120,9 @@ def build_snapshot(results: dict[str, list], taken_at: float, max_age: float) ->
                 mean[i] = rows[0]
         averages = tuple(mean)
     times = [per["score_time"][n] for n in nodes if n in per["score_time"]]
-    return UsageSnapshot(taken_at=min(times) if times else taken_at, max_age=max_age, nodes=MappingProxyType(nodes),
-                         vms=MappingProxyType(vm_usage), averages=averages)  # type: ignore[arg-type]
+    return indexed(UsageSnapshot(taken_at=min(times) if times else taken_at, max_age=max_age,
+                                 nodes=MappingProxyType(nodes), vms=MappingProxyType(vm_usage),
+                                 averages=averages))  # type: ignore[arg-type]
 
 
 class PrometheusSource:

@@ -26,7 +26,7 @@ import math
 from random import Random
 from types import MappingProxyType
 
-from app.domain.usage import NodeUsage, UsageSnapshot, VMUsage
+from app.domain.usage import NodeUsage, UsageSnapshot, VMUsage, indexed
 from app.sim.kubevirt import EPOCH, NAMESPACE
 
 QUERY_INTERVAL = 30
@@ -56,8 +56,9 @@ class ModelledPrometheus:
             vms[(NAMESPACE, vmi.name)] = VMUsage(vmi.node.name, cpu, mem)
         k = len(dims) or 1
         averages = tuple(sum(d[i] for d in dims) / k for i in range(4))
-        snap = UsageSnapshot(taken_at=float(EPOCH + now), max_age=self.max_age, nodes=MappingProxyType(node_usage),
-                             vms=MappingProxyType(vms), averages=averages)  # type: ignore[arg-type]
+        snap = indexed(UsageSnapshot(taken_at=float(EPOCH + now), max_age=self.max_age,
+                                     nodes=MappingProxyType(node_usage), vms=MappingProxyType(vms),
+                                     averages=averages))  # type: ignore[arg-type]
         self.samples = [*self.samples[-1:], (now, snap)]
 
     def snapshot(self, now: int) -> UsageSnapshot:
