@@ -111,3 +111,50 @@ def test_build_snapshot_from_query_results() -> None:
     assert snap.averages == pytest.approx((0.55, 0.5, 0.05, 0.0))  # use average from the rule, pressure the mean
     assert snap.taken_at == 990.0  # the oldest score sample
     assert dict(snap.vms) == {("vms", "db"): VMUsage("a", 1.5, 4 * GIB)}
+
+
+def test_the_token_is_sent_and_read_again_every_round(tmp_path) -> None:
+    """A stand-in for thanos-querier's auth proxy on 127.0.0.1: 401 unless the bearer token is the current one."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from app.metricsource.prometheus import PrometheusSource
+
+    seen: list[str] = []
+    valid = {"token": "first"}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            auth = self.headers.get("Authorization", "")
+            seen.append(auth)
+            ok = auth == f"Bearer {valid['token']}"
+            body = {"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"instance": "a"}, "value": [0, "0.5"]}]}} if ok else {"status": "error"}
+            data = json.dumps(body).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    source = PrometheusSource(f"http://127.0.0.1:{server.server_port}", token_file=str(token), clock=lambda: 1000.0)
+    try:
+        source.poll_once()
+        assert source.current().error == "" and seen[-1] == "Bearer first"
+        valid["token"] = "second"  # the token rotates: the old one is refused
+        source.poll_once()
+        assert "answered 401" in source.current().error
+        token.write_text("second")
+        source.poll_once()
+        assert source.current().error == "" and seen[-1] == "Bearer second"
+    finally:
+        source.stop()
+        server.shutdown()
