@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from app.policy.model import SCOPE_ALL, SCOPE_DESCHEDULER, PolicySettings
-from app.timefmt import parse_duration
+from app.timefmt import format_duration, parse_duration
 
 DURATIONS = {
     "migrationCooldown": "migration_cooldown",
@@ -104,6 +104,13 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
     ):
         raise SettingsError(
             "maxMigrationCooldown: must be 0 (no cap) or at least migrationCooldown "
-            f"({values.get('maxMigrationCooldown')} < {values.get('migrationCooldown', '15m')})"
+            f"({_shown(values, 'maxMigrationCooldown', settings)} < {_shown(values, 'migrationCooldown', settings)})"
         )
     return settings
+
+
+def _shown(values: dict[str, Any], name: str, settings: PolicySettings) -> str:
+    """A duration setting as the admin wrote it, or its value marked as the default."""
+    if values.get(name) is not None:
+        return str(values[name])
+    return f"{format_duration(getattr(settings, DURATIONS[name]))} by default"
