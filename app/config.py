@@ -21,7 +21,8 @@ DURATIONS = {
     "migrationHistoryWindow": "migration_history_window",
     "evacuationStaleAfter": "evacuation_stale_after",
 }
-SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode")
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}
+SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS)
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")
 
@@ -96,6 +97,14 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
         if budget < 0:
             raise SettingsError(f"pendingEvacuationsPerNode: must not be negative, got {budget}")
         kwargs["pending_evacuations_per_node"] = budget
+    for name, attr in BOOLS.items():
+        if values.get(name) is not None:
+            raw = values[name]
+            if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+                raw = raw.strip().lower() == "true"
+            if not isinstance(raw, bool):
+                raise SettingsError(f"{name}: must be true or false, got {values[name]!r}")
+            kwargs[attr] = raw
     settings = PolicySettings(**kwargs)
     if (
         settings.max_migration_cooldown > 0

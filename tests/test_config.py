@@ -46,6 +46,8 @@ def test_zero_means_zero() -> None:
     ({"pendingEvacuationsPerNode": "many"}, "pendingEvacuationsPerNode"),
     ({"deschedulerUsers": [1, 2]}, "deschedulerUsers"),
     ({"evacuationStaleAfter": "-1s"}, "evacuationStaleAfter"),
+    ({"honorPreferNoEviction": "yes"}, "honorPreferNoEviction"),
+    ({"honorPreferNoEviction": 1}, "honorPreferNoEviction"),
 ])
 def test_invalid_settings_name_the_setting(values, named) -> None:
     with pytest.raises(SettingsError) as e:
@@ -84,3 +86,8 @@ def test_cap_below_floor_message_shows_values_never_none(values, shown) -> None:
     with pytest.raises(SettingsError) as e:
         build_settings(values)
     assert str(e.value).endswith(shown) and "None" not in str(e.value)
+
+
+@pytest.mark.parametrize("raw, honored", [(True, True), (False, False), ("true", True), ("False", False), (None, True)])
+def test_honor_prefer_no_eviction(raw, honored) -> None:
+    assert build_settings({"honorPreferNoEviction": raw}).honor_prefer_no_eviction is honored

@@ -18,7 +18,7 @@ therefore compute the same numbers. A migration counts while
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.domain.records import MigrationRecord, VMIRecord
 from app.policy.model import PolicySettings
@@ -39,6 +39,8 @@ class CooldownState:
     count: int  # finished migrations within the history window
     cooldown: float  # the effective cooldown
     remaining: float  # > 0 while in cooldown
+    floor: float = 0.0  # migrationCooldown as applied to this VM (its override, if any)
+    cap: float = 0.0  # maxMigrationCooldown as applied to this VM (0 = no cap)
 
     @property
     def active(self) -> bool:
@@ -110,6 +112,19 @@ def effective_cooldown(last_duration: float | None, count: int, settings: Policy
     return base, cooldown
 
 
+def vm_settings(vmi: VMIRecord, settings: PolicySettings) -> PolicySettings:
+    """The settings for this VM. Its ``migration-cooldown`` annotation replaces
+    ``migrationCooldown``; a non-zero ``maxMigrationCooldown`` below it is raised to it
+    (the invariant validation keeps globally: the cap is 0 or at least the floor)."""
+    o = vmi.overrides
+    if o is None or o.cooldown is None:
+        return settings
+    cap = settings.max_migration_cooldown
+    if 0 < cap < o.cooldown:
+        cap = o.cooldown
+    return replace(settings, migration_cooldown=o.cooldown, max_migration_cooldown=cap)
+
+
 def cooldown_state(
     vmi: VMIRecord, migrations: Sequence[MigrationRecord], now: float, settings: PolicySettings
 ) -> CooldownState | None:
@@ -117,6 +132,7 @@ def cooldown_state(
     finished = finished_migrations(vmi, migrations)
     if not finished:
         return None
+    settings = vm_settings(vmi, settings)
     last = max(finished, key=lambda f: f.end)
     duration = last.end - last.start if last.start is not None and last.start <= last.end else None
     horizon = now - settings.migration_history_window
@@ -129,4 +145,6 @@ def cooldown_state(
         count=count,
         cooldown=cooldown,
         remaining=last.end + cooldown - now,
+        floor=settings.migration_cooldown,
+        cap=settings.max_migration_cooldown,
     )
