@@ -95,6 +95,8 @@ def test_prefer_no_eviction_is_the_key_present(annotations, prefer) -> None:
     ({"kubevirt-eviction-guard.io/migration-cooldown": "90"}, False, "", None, "90"),
     ({"kubevirt-eviction-guard.io/migration-cooldown": "-5m"}, False, "", None, "-5m"),
     ({"kubevirt-eviction-guard.io/migration-cooldown": ""}, False, "", None, '""'),
+    ({"kubevirt-eviction-guard.io/exempt": True, "kubevirt-eviction-guard.io/migration-cooldown": [[1]]}, False, "<bool>", None,
+     "<list>"),  # annotations are strings; a snapshot file may say anything
 ])
 def test_guard_overrides_are_parsed_and_bad_ones_kept_to_show(annotations, exempt, exempt_ignored, cooldown, cooldown_ignored):
     o = vmi_from_object(vmi("db", "a", annotations=annotations)).overrides

@@ -128,10 +128,9 @@ def overrides_from(annotations: dict) -> VMOverrides | None:
     cooldown_raw = annotations.get(COOLDOWN_OVERRIDE)
     if exempt_raw is None and cooldown_raw is None:
         return None
-    exempt = isinstance(exempt_raw, str) and exempt_raw.strip().lower() == "true"
-    exempt_ignored = ""
-    if exempt_raw is not None and not exempt and not (isinstance(exempt_raw, str) and exempt_raw.strip().lower() == "false"):
-        exempt_ignored = _own(str(exempt_raw))[:64]
+    exempt_word = exempt_raw.strip().lower() if isinstance(exempt_raw, str) else None
+    exempt = exempt_word == "true"
+    exempt_ignored = "" if exempt_raw is None or exempt_word in ("true", "false") else _shown(exempt_raw)
     cooldown: float | None = None
     cooldown_ignored = ""
     if cooldown_raw is not None:
@@ -140,8 +139,15 @@ def overrides_from(annotations: dict) -> VMOverrides | None:
         except ValueError:
             cooldown = None
         if cooldown is None or cooldown < 0:
-            cooldown, cooldown_ignored = None, _own(str(cooldown_raw))[:64] or '""'
+            cooldown, cooldown_ignored = None, _shown(cooldown_raw)
     return VMOverrides(exempt, exempt_ignored, cooldown, cooldown_ignored)
+
+
+def _shown(raw: Any) -> str:
+    """An ignored annotation value, short enough to print; never repr() of what is not a string."""
+    if not isinstance(raw, str):
+        return f"<{type(raw).__name__}>"
+    return _own(raw[:64]) or '""'
 
 
 @dataclass(slots=True, frozen=True)
