@@ -201,6 +201,7 @@ class LauncherPod:
     eviction_in_progress: bool
     has_annotations: bool  # metadata.annotations exists (JSON patch must add the map otherwise)
     resource_version: str
+    ready: bool = False  # condition Ready is True (KubeVirt keeps eviction-in-progress on the ready source pod only)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -224,7 +225,15 @@ def pod_from_object(obj: Any) -> LauncherPod:
         eviction_in_progress=EVICTION_IN_PROGRESS in annotations,
         has_annotations=isinstance(raw_annotations, dict),
         resource_version=_u(meta.get("resourceVersion")),
+        ready=_condition_true(_d(obj.get("status")).get("conditions"), "Ready"),
     )
+
+
+def _condition_true(conditions: Any, kind: str) -> bool:
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == kind:
+            return c.get("status") == "True"
+    return False
 
 
 @dataclass(slots=True, frozen=True)

@@ -123,7 +123,10 @@ def launcher_pod(
     migration_job_uid: str = "",
     uid: str | None = None,
     extra_annotations: dict | None = None,
+    ready: bool | None = None,
 ) -> dict:
+    """``ready``: the pod's Ready condition; by default True exactly when it is Running."""
+    ready = phase == "Running" if ready is None else ready
     labels = {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": vmi_uid, "vm.kubevirt.io/name": vmi_name}
     if migration_job_uid:
         labels["kubevirt.io/migrationJobUID"] = migration_job_uid
@@ -151,7 +154,8 @@ def launcher_pod(
                                                        "devices.kubevirt.io/kvm": "1"},
                                           "limits": {"devices.kubevirt.io/kvm": "1"}}}],
         },
-        "status": {"phase": phase, "podIP": "10.128.4.37", "qosClass": "Burstable"},
+        "status": {"phase": phase, "podIP": "10.128.4.37", "qosClass": "Burstable",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 
