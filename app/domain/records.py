@@ -25,6 +25,7 @@ DOMAIN_ANNOTATION = "kubevirt.io/domain"
 MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_IN_PROGRESS = "descheduler.alpha.kubernetes.io/eviction-in-progress"
 EVACUATION_MIGRATION = "kubevirt.io/evacuationMigration"
+WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -149,6 +150,9 @@ class MigrationRecord:
     end: float | None  # migrationState.endTimestamp, else the final phase's transition time
     source_node: str
     evacuation_node: str  # annotation kubevirt.io/evacuationMigration
+    priority: str = ""  # spec.priority (KubeVirt >= 1.7): system-critical | system-maintenance | user-triggered
+    workload_update: str = ""  # annotation kubevirt.io/workloadUpdateMigration ("" when absent)
+    target_node: str = ""  # migrationState.targetNode
 
     @property
     def key(self) -> tuple[str, str]:
@@ -183,7 +187,17 @@ def migration_from_object(obj: Any) -> MigrationRecord:
         end=end,
         source_node=state.source_node if state else "",
         evacuation_node=_s(_d(meta.get("annotations")).get(EVACUATION_MIGRATION)),
+        priority=_s(spec.get("priority")),
+        workload_update=_workload_update(_d(meta.get("annotations"))),
+        target_node=state.target_node if state else "",
     )
+
+
+def _workload_update(annotations: dict) -> str:
+    """The annotation's value, or "true" when it is present with an empty or non-string value."""
+    if WORKLOAD_UPDATE_MIGRATION not in annotations:
+        return ""
+    return _s(annotations[WORKLOAD_UPDATE_MIGRATION]) or "true"
 
 
 @dataclass(slots=True, frozen=True)

@@ -283,7 +283,7 @@ def test_dry_run_is_logged_and_causes_nothing(dry, caplog):
     assert any(getattr(r, "dry_run", None) is True for r in caplog.records)
 
 
-def test_a_denial_queues_an_event_and_the_annotation_an_allow_queues_nothing():
+def test_a_denial_queues_an_event_and_the_annotation_an_allow_queues_an_event_for_the_descheduler_only():
     store, api = evacuating_store(), RecordingApi()
     fx = Effects(store, api, Metrics())
     review, d = decided(store, POD)
@@ -292,6 +292,17 @@ def test_a_denial_queues_an_event_and_the_annotation_an_allow_queues_nothing():
     allow_store = store_of(node_obj("node-a"), vmi_obj("db", "node-a"), pod_obj(POD, "db", "node-a"))
     fx2 = Effects(allow_store, api, Metrics())
     review, d = decided(allow_store, POD)
-    assert d.allowed
+    assert d.allowed and d.reason == Reason.ALLOWED
     fx2.on_decision(review, d)
-    assert len(fx2.queue) == 0
+    assert len(fx2.queue) == 1, "the descheduler's allowed eviction: one EvictionAllowed flush"
+    for kw in ({"requested_by": "", "reason": "", "username": "admin"},  # a user: no Event
+               {"dry_run": True}):  # a dry run: no Event
+        fx3 = Effects(allow_store, api, Metrics())
+        review, d = decided(allow_store, POD, **kw)
+        assert d.allowed
+        fx3.on_decision(review, d)
+        assert len(fx3.queue) == 0, kw
+    fx4 = Effects(allow_store, api, Metrics(), descheduler_users=frozenset({"admin"}))
+    review, d = decided(allow_store, POD, requested_by="", reason="", username="admin")
+    fx4.on_decision(review, d)
+    assert len(fx4.queue) == 1, "a user listed in deschedulerUsers counts as the descheduler"

@@ -171,12 +171,17 @@ def vmim(
     evacuation_node: str = "",
     uid: str | None = None,
     created: Time = None,
+    priority: str = "",
+    workload_update: bool = False,
 ) -> dict:
+    """``priority``: spec.priority (KubeVirt >= 1.7); ``workload_update``: the workload updater's annotation."""
     uid = _uid(uid)
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid,
                             "labels": {"kubevirt.io/vmi-name": vmi_name}, "annotations": {}}
     if evacuation_node:
         meta["annotations"]["kubevirt.io/evacuationMigration"] = evacuation_node
+    if workload_update:
+        meta["annotations"]["kubevirt.io/workloadUpdateMigration"] = ""
     if created is not None:
         meta["creationTimestamp"] = ts(created)
     status: dict[str, Any] = {"phase": phase}
@@ -190,6 +195,6 @@ def vmim(
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstanceMigration",
         "metadata": meta,
-        "spec": {"vmiName": vmi_name},
+        "spec": {"vmiName": vmi_name, **({"priority": priority} if priority else {})},
         "status": status,
     }
