@@ -28,7 +28,8 @@ reviews caused has run, and it shows the pipeline could write all along). At
 that point the control's must be the only patch, and the Events exactly those
 of the denials the state justifies (the migrating VM, the target pod, the
 control), plus EvictionAllowed on the VMIs the store names for the two
-allowed descheduler evictions (the guard did allow them). Last, the genuine eviction of the evacuating pod is patched.
+allowed descheduler evictions (the guard did allow them). Last, the genuine
+eviction of the evacuating pod is patched.
 """
 
 from __future__ import annotations
