@@ -44,7 +44,8 @@ def mstate(uid: str, src: str, dst: str, start: float | None, end: float | None 
     return s
 
 
-def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | None = None, evacuation: str | None = None) -> dict:
+def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | None = None, evacuation: str | None = None,
+        annotations: dict | None = None) -> dict:
     status: dict = {"phase": "Running", "nodeName": node_name}
     if migration is not None:
         status["migrationState"] = migration
@@ -52,7 +53,8 @@ def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | No
         status["evacuationNodeName"] = evacuation
     return {
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created)},
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created),
+                     **({"annotations": annotations} if annotations else {})},
         "status": status,
     }
 
@@ -71,16 +73,18 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
 
 
 def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,
-        launcher: bool = True, domain: bool = True) -> dict:
+        launcher: bool = True, domain: bool = True, annotations: dict | None = None, ready: bool | None = None) -> dict:
+    ready = phase == "Running" if ready is None else ready
     labels = {"kubevirt.io": "virt-launcher"} if launcher else {"app": "web"}
     if job:
         labels["kubevirt.io/migrationJobUID"] = job
-    annotations = {"kubevirt.io/domain": vmi_name} if domain else {}
+    annotations = {**({"kubevirt.io/domain": vmi_name} if domain else {}), **(annotations or {})}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name or f"virt-launcher-{vmi_name}-abcde", "namespace": NS, "resourceVersion": "7",
                      "labels": labels, "annotations": annotations},
-        "spec": {"nodeName": node_name}, "status": {"phase": phase},
+        "spec": {"nodeName": node_name},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 
