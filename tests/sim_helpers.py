@@ -10,7 +10,8 @@ from app.sim.kubevirt import KubeVirt
 from app.sim.model import VM, Node, Steady
 from app.sim.scenario import KubeVirtSettings
 
-S = KubeVirtSettings(bandwidth=0.5, setup_seconds=10, completion_timeout_per_gib=150, progress_timeout=150)
+# a 0.5 GiB/s NIC per node: a 4 GiB VM alone takes 10 s setup + 8 s copy
+S = KubeVirtSettings(network=0.5, setup_seconds=10, completion_timeout_per_gib=150, progress_timeout=150)
 
 
 class Clock:
@@ -33,6 +34,7 @@ class Clock:
 
 
 def cluster(nodes: int, vms_per_node: int, settings=S, memory=4.0, dirty_mib=0.0, node_memory=64.0):
+    """``nodes`` nodes n0.. with ``vms_per_node`` VMs each (vm00.. in node order)."""
     ns = [Node(index=i, name=f"n{i}", cpu=16, memory=node_memory) for i in range(nodes)]
     vms = [VM(index=i, name=f"vm{i:02d}", group="g", vcpus=2, memory=memory, dirty_rate=dirty_mib / 1024,
               cpu_load=Steady(0.5), memory_load=Steady(0.5)) for i in range(nodes * vms_per_node)]
@@ -41,3 +43,15 @@ def cluster(nodes: int, vms_per_node: int, settings=S, memory=4.0, dirty_mib=0.0
     store = ClusterStore()
     kv = KubeVirt(settings, ns, vms, placement, store, Random("test"), clock.schedule)
     return kv, clock, store
+
+
+def descheduler(kv, admit=None, pre_filter=None, seed="d", **settings):
+    from app.sim.descheduler import Descheduler
+    from app.sim.scenario import DeschedulerSettings
+
+    return Descheduler(
+        DeschedulerSettings(**settings), kv,
+        admit or (lambda pod, now: kv.admit_eviction(pod.name, now, True)),
+        pre_filter or (lambda pod, now: None),
+        Random(seed),
+    )

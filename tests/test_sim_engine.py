@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.sim.engine import simulate
+from app.sim.engine import Simulation, simulate
 from app.sim.metrics import repeat_moves, summarize
-from app.sim.run import run_scenario
 from app.sim.scenario import ScenarioError, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +23,7 @@ HOT_NODE = {
     "nodes": [{"name": "small", "cpu": 8, "memoryGiB": 64}, {"name": "big", "count": 2, "cpu": 32, "memoryGiB": 64}],
     "vms": [{"name": "vm", "count": 12, "cpu": 2, "memoryGiB": 4, "dirtyRateMiBps": 0, "cpuLoad": 0.5,
              "memoryLoad": 0}],
-    "kubevirt": {"bandwidthGiBps": 0.5, "migrationFailureProbability": 0},
+    "kubevirt": {"networkGbps": 4.294967296, "migrationFailureProbability": 0},  # 0.5 GiB/s
     "descheduler": {"interval": "1h"},
 }
 
@@ -34,73 +33,113 @@ def run(mode: str, data=HOT_NODE):
     return d, summarize(d)
 
 
-def test_off_takes_two_vms_per_cycle_and_empties_the_small_node():
-    d, s = run("off")
-    # cycle at 300 s: 2 evicted, 18 s each (4 GiB / 0.5 GiB/s + 10 s setup), one per big node.
+def test_upstream_takes_two_vms_per_cycle_sharing_the_nic_and_empties_the_small_node():
+    d, s = run("upstream")
+    # cycle at 300 s: 2 evicted; they share the small node's 0.5 GiB/s: 10 s + 4 GiB / 0.25 = 26 s.
     # cycle at 3900 s: small at 2/8 = 25%, bigs at 5/32: score 18 > mean 6 + 10 -> 2 more, small is empty.
     assert [(r.start, r.end, r.source) for r in sorted(d.runs, key=lambda r: (r.start, r.vm))] == [
-        (300, 318, "small"), (300, 318, "small"), (3900, 3918, "small"), (3900, 3918, "small")]
-    assert s["migrations"] == 4 and s["failed"] == 0
-    assert s["concurrent_descheduler_evacuations"] == 2  # the second of each cycle
-    assert s["descheduler_refusals_by_reason"] == {}
+        (300, 326, "small"), (300, 326, "small"), (3900, 3926, "small"), (3900, 3926, "small")]
+    assert s["migrations_total"] == 4 and s["failed_migrations"] == 0 and s["max_leaving_per_node"] == 2
+    assert s["evictions"] == {"allowed": 0, "background": 4, "error": 0}
 
 
 def test_guard_takes_one_vm_per_cycle_and_refuses_the_rest_as_node_busy():
-    d, s = run("guard")
-    # cycle 300 s: one goes, the 3 others on the node are node_busy. cycle 3900 s: small at 3/8,
-    # score 46 > mean 15.3 + 10: one more, 2 node_busy.
+    d, s = run("upstream+guard")
+    # cycle 300 s: one goes (alone on the NIC: 18 s), the next is node_busy, then a third is tried;
+    # cycle 3900 s: small at 3/8, score 46 > mean 15.3 + 10: one more
     assert [(r.start, r.end) for r in d.runs] == [(300, 318), (3900, 3918)]
-    assert s["concurrent_descheduler_evacuations"] == 0
-    assert s["descheduler_refusals_by_reason"] == {"node_busy": 5}
-    assert s["policy_calls"] == 7 and s["descheduler_eviction_requests"] == 7
+    assert s["max_leaving_per_node"] == 1 and s["descheduler_outcomes"]["node_busy"] >= 2
+    assert s["evictions"]["background"] == 2 and s["evictions"]["error"] >= 2
 
 
-def test_plugin_moves_as_many_as_off_here():
-    _, s = run("plugin")
-    assert s["migrations"] == 4 and s["concurrent_descheduler_evacuations"] == 2
+def test_node_limit_1_takes_one_vm_per_cycle_without_refusals():
+    d, s = run("node-limit-1")
+    assert [(r.start, r.end) for r in d.runs] == [(300, 318), (3900, 3918)]
+    assert s["evictions"] == {"allowed": 0, "background": 2, "error": 0}
 
 
 def test_same_seed_same_result_and_the_seed_matters():
-    path = REPO / "examples" / "scenarios" / "two-retry-loops.yaml"
-    a, _, _ = run_scenario(load_scenario(path), ["guard", "off"], hours=6)
-    b, _, _ = run_scenario(load_scenario(path), ["guard", "off"], hours=6)
+    path = REPO / "examples" / "scenarios" / "failing-migrations.yaml"
+    a = summarize(simulate(load_scenario(path), "profile+guard", hours=3))
+    b = summarize(simulate(load_scenario(path), "profile+guard", hours=3))
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-    c, _, _ = run_scenario(load_scenario(path, seed=99), ["guard", "off"], hours=6)
-    assert c["modes"]["off"]["cpu_spread_std_pp"] != a["modes"]["off"]["cpu_spread_std_pp"]
+    c = summarize(simulate(load_scenario(path, seed=99), "profile+guard", hours=3))
+    assert c["spread_cpu"] != a["spread_cpu"]
 
 
-def test_repeat_moves_counts_a_vm_moved_again_within_an_hour():
+def test_a_restart_runs_a_cycle_at_once_and_refills_the_cache_from_annotated_pods():
+    data = {**HOT_NODE, "vms": [{**HOT_NODE["vms"][0], "dirtyRateMiBps": 1024}],  # never converge
+            "events": [{"at": "1000s", "kind": "deschedulerRestart"}]}
+    sim = Simulation(parse_scenario(data, "hot-node"), "upstream")
+    cycles = []
+    real = sim.desched.cycle
+    sim.desched.cycle = lambda now: cycles.append(now) or real(now)
+    sim.run()
+    assert cycles == [300, 1000, 4600]  # at once, then hourly from the restart (3900 is gone)
+    # the two failing VMs were found again through their annotation: observed entries, no lapse
+    assert len(sim.desched.cache) == 2 and not any(e.assumed for e in sim.desched.cache.values())
+    assert sum(1 for v in sim.kv.vmis if v.evacuation_node) == 2
+
+
+def test_drains_cordon_or_autoscaler_taint_empty_the_node_and_their_entries_hold_the_descheduler():
+    data = {**HOT_NODE, "hours": 1, "descheduler": {"interval": "60s", "firstRun": "600s"},
+            "vms": [{**HOT_NODE["vms"][0], "memoryGiB": 2}],
+            "events": [{"at": "60s", "kind": "drain", "node": "big-00", "how": "autoscaler"},
+                       {"at": "60s", "kind": "drain", "node": "big-01", "how": "cordon"}]}
+    d, s = run("upstream", data)
+    assert [dr.done is not None for dr in d.drains] == [True, True]
+    assert {r.cause for r in d.runs} == {"drain"}  # the small node has nowhere to go: nothing else moves
+    assert s["drain_seconds"] is not None and s["drain_seconds"] < 600
+
+
+def test_repeat_moves_counts_a_vm_moved_again_within_six_hours():
     from app.sim.kubevirt import MigrationRun
 
     runs = [MigrationRun("a", "descheduler", 0, 0, 60, "x", "y", False),
             MigrationRun("a", "descheduler", 3000, 3000, 3060, "y", "x", False),  # 49 min after: repeat
-            MigrationRun("a", "descheduler", 7000, 7000, 7060, "x", "y", False),  # 66 min after: not
+            MigrationRun("a", "descheduler", 30000, 30000, 30060, "x", "y", False),  # 7.5 h after: not
             MigrationRun("b", "descheduler", 100, 100, 160, "x", "y", True),
             MigrationRun("b", "descheduler", 200, 200, 260, "x", "y", False)]  # first success of b
     assert repeat_moves(runs) == 1
 
 
-def test_cli_writes_json_and_replaces_its_readme_section(tmp_path, capsys):
+def test_cli_runs_seeds_and_modes_writes_summary_json_plots_csv_and_the_readme(tmp_path, capsys):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(json.dumps(HOT_NODE), encoding="utf-8")
     readme = tmp_path / "README.md"
     readme.write_text("# project\n\nintro\n", encoding="utf-8")
-    args = ["simulate", "--scenario", str(scenario), "--out", str(tmp_path / "out"), "--readme", str(readme)]
+    out_dir = tmp_path / "out"
+    args = ["simulate", "--scenario", str(scenario), "--seeds", "1-2", "--modes", "upstream,upstream+guard",
+            "--out", str(out_dir), "--format", "csv", "--readme", str(readme), "--jobs", "1"]
     assert main(args) == 0
-    assert main(args + ["--modes", "off,guard"]) == 0
     out = capsys.readouterr().out
-    assert "| migrations (per VM per day) | 4 (4.00) | 2 (2.00) |" in out  # 12 VMs, 2 hours
+    assert "| migrations | 4 | 2 |" in out and "`upstream+guard` vs `upstream`: migrations -50%" in out
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["seeds"] == [1, 2] and summary["scenario"] == "hot-node" and summary["hours"] == 2
+    assert summary["modes"]["upstream"]["migrations_total"] == [4, 4]
+    assert summary["modes"]["upstream+guard"]["evictions"]["background"] == [2, 2]
+    assert summary["modes"]["upstream"]["drain_seconds"] == [None, None] and summary["simplifications"]
+    assert "migrations.csv" in out and (out_dir / "spread.csv").read_text().startswith("mode,seed,t_seconds")
     try:
         import matplotlib  # noqa: F401  (the optional 'sim' extra)
     except ImportError:
         assert "no plots: install the 'sim' extra" in out
     else:
-        assert (tmp_path / "out" / "hot-node-utilisation.png").stat().st_size > 1000
-    result = json.loads((tmp_path / "out" / "hot-node.json").read_text())
-    assert set(result["modes"]) == {"off", "guard"} and result["modes"]["guard"]["migrations"] == 2
+        assert (out_dir / "hot-node-timeline.png").stat().st_size > 1000
     text = readme.read_text()
     assert text.startswith("# project\n\nintro\n") and text.count("<!-- simulate:begin -->") == 1
-    assert "## What the guard does to a cluster" in text and "kubevirt-eviction-guard simulate --scenario" in text
+    assert "--seeds 1-2" in text
+
+
+def test_guard_set_reaches_the_guard_and_bad_values_are_named(tmp_path, capsys):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(json.dumps(HOT_NODE), encoding="utf-8")
+    base = ["simulate", "--scenario", str(scenario), "--modes", "upstream+guard", "--jobs", "1"]
+    assert main(base + ["--guard-set", "pendingEvacuationsPerNode=0"]) == 0
+    assert "| migrations | 4 |" in capsys.readouterr().out  # no node budget: as upstream
+    assert main(base + ["--guard-set", "migrationCooldown=soon"]) == 2
+    assert "migrationCooldown" in capsys.readouterr().err
+    assert main(base + ["--guard-set", "colour=blue"]) == 2
 
 
 @pytest.mark.parametrize("change, message", [
@@ -122,4 +161,21 @@ def test_cli_reports_a_bad_scenario_with_exit_2(tmp_path, capsys):
     bad.write_text("nodes: [\n", encoding="utf-8")
     assert main(["simulate", "--scenario", str(bad)]) == 2
     assert "not valid YAML" in capsys.readouterr().err
-    assert main(["simulate", "--scenario", str(bad), "--modes", "off,bogus"]) == 2
+    good = tmp_path / "good.yaml"
+    good.write_text(json.dumps(HOT_NODE), encoding="utf-8")
+    assert main(["simulate", "--scenario", str(good), "--modes", "off,bogus"]) == 2
+    assert "unknown mode 'bogus'" in capsys.readouterr().err
+    assert main(["simulate", "--scenario", str(good), "--seeds", "5-1"]) == 2
+
+
+def test_stall_counts_cycles_held_by_in_flight_entries_of_failing_vms_only():
+    # the small node is hot; its VMs never converge: both marked VMs fail forever and fill the
+    # node's limit of 2, so later cycles evict nothing until the assumed entries lapse
+    failing = {**HOT_NODE, "descheduler": {"interval": "60s"},
+               "vms": [{**HOT_NODE["vms"][0], "dirtyRateMiBps": 1024}]}
+    d, s = run("upstream", failing)
+    assert s["stall_seconds"] > 0 and s["blocked_by_in_flight_seconds"] >= s["stall_seconds"]
+    assert s["in_flight_lapsed"] >= 1 and s["failed_migrations"] > 0
+    ok = {**HOT_NODE, "descheduler": {"interval": "60s"}}
+    _, s = run("upstream", ok)
+    assert s["stall_seconds"] == 0 and s["failed_migrations"] == 0

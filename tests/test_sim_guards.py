@@ -1,78 +1,122 @@
-"""The three modes: the guard decides with the real policy on the store KubeVirt publishes into."""
+"""The modes: baselines and guard variants, the plugin model (live and after a restart), and the
+guard deciding with the real policy on the store KubeVirt publishes into."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.domain.records import vmi_from_object
 from app.policy.model import PolicySettings, Reason
-from app.sim.guards import Guard, Mode, Plugin
+from app.sim.guards import DESCHEDULER, KUBECTL, MODES, Mode, PluginModel, parse_mode
 from app.sim.kubevirt import NAMESPACE
 from tests.sim_helpers import cluster
 
 SETTINGS = PolicySettings()
 
 
+def mode(name, kv, guard=SETTINGS):
+    return Mode(parse_mode(name), kv, SETTINGS, guard)
+
+
+def test_modes_are_baselines_with_optional_guard_variants():
+    assert MODES == ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
+    assert parse_mode("off").baseline == parse_mode("upstream").baseline
+    assert parse_mode("profile+guard").baseline.plugin and parse_mode("profile+guard").guard is not None
+    assert parse_mode("node-limit-1").baseline.eviction_limit_node == 1
+    with pytest.raises(ValueError, match="unknown mode 'profile\\+nothing'"):
+        parse_mode("profile+nothing")
+
+
 def test_published_records_are_what_the_projection_makes_of_the_objects():
-    kv, _, store = cluster(2, 2)
+    kv, clock, store = cluster(2, 2)
     vmi = kv.vmis[0]
     kv.admit_eviction(vmi.pod.name, 0, True)
+    clock.run_until(10)  # the copy starts after 10 s setup: migrationState appears
     rec = store.vmi(NAMESPACE, vmi.name)
     assert rec == vmi_from_object({
         "metadata": {"name": vmi.name, "namespace": NAMESPACE, "uid": f"uid-vmi-{vmi.name}",
-                     "creationTimestamp": "2025-12-31T23:00:00Z"},
+                     "creationTimestamp": "2025-12-31T23:00:00Z",
+                     "annotations": {"kubevirt.io/eviction-source": "descheduler"}},
         "status": {"nodeName": "n0", "evacuationNodeName": "n0", "migrationState": {
-            "migrationUid": kv.running[0].uid, "startTimestamp": "2026-01-01T00:00:00Z", "sourceNode": "n0",
+            "migrationUid": kv.running[0].uid, "startTimestamp": "2026-01-01T00:00:10Z", "sourceNode": "n0",
             "targetNode": "n1"}},
     })
     assert store.pod(NAMESPACE, vmi.pod.name).eviction_in_progress
 
 
 def test_guard_denies_a_second_vm_leaving_the_same_node_and_the_migrating_one():
-    kv, _, store = cluster(3, 3)
-    guard = Guard(kv, SETTINGS)
-    first = guard.admit(kv.vmis[0].pod, 0, from_descheduler=True)
+    kv, _, _ = cluster(3, 3)
+    guard = mode("upstream+guard", kv)
+    first = guard.admit(kv.vmis[0].pod, 0)
     assert first.background and first.reason == "kubevirt_evacuation"
-    again = guard.admit(kv.vmis[0].pod, 5, from_descheduler=True)
-    assert again.background and again.reason == Reason.MIGRATION_IN_PROGRESS
-    second = guard.admit(kv.vmis[1].pod, 5, from_descheduler=True)
+    again = guard.admit(kv.vmis[0].pod, 5)
+    assert again.background and again.reason in (Reason.MIGRATION_IN_PROGRESS, Reason.EVACUATION_PENDING)
+    second = guard.admit(kv.vmis[1].pod, 5)
     assert not second.background and second.reason == Reason.NODE_BUSY
     assert "already has 1 VM(s) leaving (vms/vm00)" in second.message
-    other_node = guard.admit(kv.vmis[3].pod, 5, from_descheduler=True)
-    assert other_node.reason == "kubevirt_evacuation"
+    assert guard.admit(kv.vmis[3].pod, 5).reason == "kubevirt_evacuation"
     assert guard.policy_calls == 4 and kv.vmis[1].evacuation_node == ""
 
 
-def test_guard_lets_drains_through_and_applies_cooldown_to_the_descheduler_only():
+def test_guard_lets_drains_through_cordon_or_autoscaler_taint_and_cools_down_the_descheduler_only():
     kv, clock, _ = cluster(3, 3)
-    guard = Guard(kv, SETTINGS)
-    guard.admit(kv.vmis[0].pod, 0, from_descheduler=True)
+    guard = mode("upstream+guard", kv)
+    guard.admit(kv.vmis[0].pod, 0)
     clock.run_until(100)  # migrated by 18 s: cooldown 15 min from then
     moved = kv.vmis[0]
-    assert moved.node.name != "n0"
-    refused = guard.admit(moved.pod, 100, from_descheduler=True)
+    refused = guard.admit(moved.pod, 100)
     assert refused.reason == Reason.COOLDOWN and "retry in 13m38s" in refused.message
-    assert guard.admit(moved.pod, 100, from_descheduler=False).reason == "kubevirt_evacuation"
-    # a cordoned node: neither the node budget nor cooldown holds a drain back
-    kv.set_cordoned(kv.nodes[1], True, 200)
-    assert guard.admit(kv.vmis[3].pod, 200, from_descheduler=False).reason == "kubevirt_evacuation"
-    assert guard.admit(kv.vmis[4].pod, 200, from_descheduler=False).reason == "kubevirt_evacuation"
+    assert guard.admit(moved.pod, 100, KUBECTL).reason == "kubevirt_evacuation"
+    kv.set_no_schedule(kv.nodes[1], "ToBeDeletedByClusterAutoscaler", 200)  # no cordon
+    assert guard.admit(kv.vmis[3].pod, 200, DESCHEDULER).reason == "kubevirt_evacuation"
+    assert guard.admit(kv.vmis[4].pod, 200, DESCHEDULER).reason == "kubevirt_evacuation"
 
 
-def test_off_sends_everything_to_kubevirt():
+def test_upstream_sends_everything_to_kubevirt():
     kv, _, _ = cluster(2, 2)
-    off = Mode(kv, SETTINGS)
-    assert off.admit(kv.vmis[0].pod, 0, True).reason == "kubevirt_evacuation"
-    assert off.admit(kv.vmis[1].pod, 0, True).reason == "kubevirt_evacuation"
+    off = mode("upstream", kv, guard=None)
+    assert off.admit(kv.vmis[0].pod, 0).reason == "kubevirt_evacuation"
+    assert off.admit(kv.vmis[1].pod, 0).reason == "kubevirt_evacuation"
     assert kv.concurrent_evacuations == 1 and off.pre_filter(kv.vmis[0].pod, 0) is None
 
 
-def test_plugin_blocks_in_flight_and_cooldown_and_forgets_failures_on_restart():
-    kv, clock, _ = cluster(2, 2, dirty_mib=1024, memory=2)  # every attempt fails after 164 s
-    plugin = Plugin(kv, SETTINGS)
+def test_plugin_in_flight_check_reads_migration_state_not_the_mark():
+    kv, clock, _ = cluster(2, 2)
+    plugin = PluginModel(kv, SETTINGS)
     pod = kv.vmis[0].pod
     kv.admit_eviction(pod.name, 0, True)
-    assert plugin.pre_filter(pod, 10) == "plugin_migration_in_progress"
-    clock.run_until(170)  # failed at 164, retry pending (backoff 20 s): not in flight, but in cooldown
-    assert plugin.pre_filter(pod, 170) == "plugin_cooldown"
-    assert plugin.pre_filter(kv.vmis[1].pod, 170) is None
-    plugin.descheduler_restarted(170)  # history rebuilt from Succeeded VMIMs: the failure is forgotten
-    assert plugin.pre_filter(pod, 170) is None
+    assert plugin.check(pod, 5) is None  # marked, target pod starting: no migrationState yet
+    clock.run_until(10)
+    assert plugin.check(pod, 10) == "plugin_migration_in_progress"
+    plugin.restarted(11)
+    assert plugin.check(pod, 11) == "plugin_migration_in_progress"  # no history needed for that
+
+
+def test_plugin_after_restart_counts_only_succeeded_vmims_but_the_last_migration_still_applies():
+    # every attempt fails 164 s after it starts (copy 154 s); retries after 20, 40 s
+    kv, clock, _ = cluster(2, 2, dirty_mib=1024, memory=2)
+    plugin = PluginModel(kv, SETTINGS)
+    pod = kv.vmis[0].pod
+    kv.admit_eviction(pod.name, 0, True)
+    clock.run_until(164 + 20 + 164 + 40 + 164)  # three failures, the last ends at 552
+    end = kv.vmis[0].migration.end
+    assert end == 552 and len(plugin.history["vm00"]) == 3
+    at = end + 30 * 60  # 30 min after: live, count 3 -> 15m x 4 = 1 h: blocked
+    assert plugin.check(pod, at) == "plugin_cooldown"
+    plugin.restarted(at)  # no Succeeded VMIM: count 0 -> 15 min from the failed migrationState
+    assert plugin.history == {} and plugin.check(pod, at) is None
+    assert plugin.check(pod, end + 60) == "plugin_cooldown"
+
+
+def test_plugin_after_restart_sees_at_most_the_five_kept_successes():
+    kv, clock, _ = cluster(2, 1, node_memory=256)
+    plugin = PluginModel(kv, SETTINGS)
+    for i in range(6):  # six successful moves, 1000 s apart
+        kv.admit_eviction(kv.vmis[0].pod.name, i * 1000, True)
+        clock.run_until(i * 1000 + 100)
+    pod = kv.vmis[0].pod
+    last = kv.vmis[0].migration.end
+    at = last + 5 * 3600  # live: count 6 -> 15m x 32 capped at 6 h: blocked; re-seeded: 5 -> 4 h: free
+    assert plugin.check(pod, at) == "plugin_cooldown"
+    plugin.restarted(at)
+    assert len(plugin.history["vm00"]) == 5 and plugin.check(pod, at) is None

@@ -1,25 +1,32 @@
-"""The descheduler running the KubeVirtRelieveAndMigrate profile, and its soft-tainter.
+"""The descheduler running LowNodeUtilization on the profile's score, and the soft-tainter.
 
-One cycle (every ``interval`` seconds, start to start):
-1. forget background evictions that are over (pod gone, annotation removed);
-2. classify nodes by one utilisation number each (``node_scores``): the mean of
+One cycle (every ``interval`` seconds, start to start; at once after a restart):
+1. classify nodes by one utilisation number each (``node_scores``): the mean of
    the integer percents; a schedulable node at or below mean - low is
    underutilised, a node above mean + high overutilised;
-3. the soft-tainter marks every node that is not underutilised PreferNoSchedule;
-4. nothing more happens unless some node is under- and some overutilised and
-   not every node is underutilised;
-5. overutilised nodes, highest first: take ``evictionLimits.node`` pods from
-   each, never more than ``maxNoOfPodsToEvictPerNode`` on a node or
-   ``maxNoOfPodsToEvictTotal`` in all, counting background evictions still in
-   flight from earlier cycles. Pods of equal priority come in arbitrary
-   (seeded random) order; the pre-eviction filter may skip one.
+2. nothing happens unless some node is under- and some overutilised and not
+   every node is underutilised;
+3. overutilised nodes, highest first, without re-checking them: take pods, in
+   seeded random order (equal priority and QoS), until a limit refuses. Every
+   limit check is ``evicted this cycle + in flight + 1 > limit`` for
+   ``evictionLimits.node``, ``maxNoOfPodsToEvictPerNode`` and
+   ``maxNoOfPodsToEvictTotal``. A pod the filter (plugin) skips is passed over;
+   a pod already in the in-flight cache is not sent again but counts as evicted.
 
-Answers are read as the descheduler reads them: a 429 whose text contains
-``Eviction triggered evacuation`` is an eviction running in the background
-(tracked, counted); any other refusal -> the next candidate; allowed -> evicted.
-A tracked eviction is an assumption that lapses after 10 minutes (swept every
-10 minutes) unless the pod carries ``eviction-in-progress``; then it is
-tracked until the annotation goes away or the pod is gone.
+The in-flight cache (EvictionsInBackground):
+- *assumed*: a 429 whose text contains ``Eviction triggered evacuation`` adds the
+  pod (it carries ``request-evict-only``);
+- *observed*: the pod informer adds every pod carrying ``request-evict-only`` and
+  ``eviction-in-progress``, whoever evicted it, at its add or update event; the
+  add is a no-op for a pod already in the cache;
+- an assumed entry lapses 10 minutes after it was assumed, swept every 10
+  minutes, even while the pod is still annotated (a lapse is an ``error``);
+- an entry goes when its pod loses the annotation or is deleted.
+Answers are read as the descheduler reads them: background (above), allowed
+(evicted), anything else an error -> the next candidate.
+
+The soft-tainter is its own controller with its own period: PreferNoSchedule
+taints, two on overutilised nodes and one on appropriately utilised ones.
 """
 
 from __future__ import annotations
@@ -31,7 +38,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.sim.kubevirt import Answer, KubeVirt, Pod
-from app.sim.model import Node
 from app.sim.scenario import DeschedulerSettings
 
 PRESSURE_FROM = 0.7  # pressure only counts above 70% use
@@ -86,10 +92,20 @@ def classify(scores: dict[str, int], schedulable: set[str], low: float, high: fl
 
 
 @dataclass(slots=True)
-class Tracked:
+class Entry:
+    """One pod in the in-flight cache."""
+
     node: str
     since: int
-    confirmed: bool = False  # the pod was seen with eviction-in-progress
+    assumed: bool  # True: from a background answer (lapses); False: observed by the informer
+
+
+@dataclass(slots=True)
+class CycleResult:
+    classification: Classification
+    sent: int = 0  # eviction requests sent
+    started: int = 0  # answered allowed or background (a new eviction)
+    blocked_by_in_flight: bool = False  # an overutilised node, nothing evicted, limits full of in-flight entries
 
 
 class Descheduler:
@@ -109,91 +125,136 @@ class Descheduler:
         self.admit = admit
         self.pre_filter = pre_filter
         self.rng = rng
-        self.tracked: dict[str, Tracked] = {}
+        self.cache: dict[str, Entry] = {}
         self.scores: dict[str, int] = {}  # latest utilisation per node, set by the metrics sampler
-        self.attempts = 0  # eviction requests sent
-        self.background = 0  # of which counted as running in the background
+        self.answers: Counter[str] = Counter()  # allowed / background / error, as the descheduler reads them
         self.outcomes: Counter[str] = Counter()  # every answer's reason, and the filter's skips
+        self.lapsed = 0  # assumed entries dropped by the sweep
+        self.cached_hits = 0  # candidates already in flight: counted as evicted, nothing sent
+        self.redirected = 0  # evictions that went to another pod after a refusal or a skip on that node
         self.cycles = 0
         self.active_cycles = 0
+        kubevirt.pod_listeners.append(self.pod_event)
+        kubevirt.pod_delete_listeners.append(self.pod_deleted)
 
-    # ---- background evictions in flight -------------------------------------
+    # ---- the in-flight cache -------------------------------------------------
 
-    def refresh(self) -> None:
-        """What the pod informer tells: pods gone, annotations added or removed."""
-        pods = self.kv.pods
-        for name in list(self.tracked):
-            t = self.tracked[name]
-            pod = pods.get(name)
-            if pod is None or (t.confirmed and not pod.eviction_in_progress):
-                del self.tracked[name]
-            elif pod.eviction_in_progress:
-                t.confirmed = True
+    def pod_event(self, pod: Pod, now: int) -> None:
+        """The pod informer's add or update event."""
+        if pod.eviction_in_progress:
+            if pod.name not in self.cache:
+                self.cache[pod.name] = Entry(pod.node.name, now, assumed=False)
+        else:
+            self.cache.pop(pod.name, None)
+
+    def pod_deleted(self, pod: Pod) -> None:
+        self.cache.pop(pod.name, None)
 
     def sweep(self, now: int) -> None:
-        """Every 10 minutes: assumptions older than 10 minutes lapse unless confirmed."""
-        self.refresh()
-        for name in [n for n, t in self.tracked.items() if not t.confirmed and now - t.since > self.s.assumption_timeout]:
-            del self.tracked[name]
+        """Every 10 minutes: assumed entries older than 10 minutes lapse, annotation or not."""
+        for name in [n for n, e in self.cache.items() if e.assumed and now - e.since >= self.s.assumption_timeout]:
+            del self.cache[name]
+            self.lapsed += 1
 
-    def restart(self) -> None:
-        """A new descheduler process: its assumptions are gone; pods still annotated
-        ``eviction-in-progress`` are found again by its informer."""
-        self.tracked = {
-            p.name: Tracked(p.node.name, 0, confirmed=True) for p in self.kv.pods.values() if p.eviction_in_progress
-        }
+    def restart(self, now: int) -> None:
+        """A new descheduler process: the cache is empty, then its informer's initial list
+        adds every pod that carries both annotations."""
+        self.cache = {}
+        for pod in self.kv.pods.values():
+            self.pod_event(pod, now)
 
     def in_flight(self) -> Counter[str]:
-        return Counter(t.node for t in self.tracked.values())
+        return Counter(e.node for e in self.cache.values())
 
     # ---- one cycle -------------------------------------------------------------
 
-    def cycle(self, now: int) -> Classification:
+    def classify_now(self) -> Classification:
+        schedulable = {n.name for n in self.kv.nodes if not n.cordoned}
+        return classify(self.scores, schedulable, self.s.low, self.s.high)
+
+    def cycle(self, now: int) -> CycleResult:
         self.cycles += 1
-        self.refresh()
-        nodes = self.kv.nodes
-        schedulable = {n.name for n in nodes if not n.cordoned}
-        c = classify(self.scores, schedulable, self.s.low, self.s.high)
-        self.taint(nodes, set(c.under))
+        c = self.classify_now()
+        result = CycleResult(c)
         if not c.act:
-            return c
+            return result
         self.active_cycles += 1
         in_flight = self.in_flight()
-        total = sum(in_flight.values())
+        state = {"total": 0, "in_flight_total": sum(in_flight.values()), "limit_hit": False}
+        tolerated = any(not self.kv.node_by_name[n].no_schedule for n in c.under)
+        if not tolerated:
+            return result  # no pod tolerates the taints of an underutilised node
         for node in c.over:
-            if total >= self.s.max_total:
+            if not self.evict_from(node, in_flight[node], state, result, now):
                 break
-            total += self.evict_from(node, in_flight[node], self.s.max_total - total, now)
-        return c
+        result.blocked_by_in_flight = result.started == 0 and state["limit_hit"] and state["in_flight_total"] > 0
+        return result
 
-    def taint(self, nodes: list[Node], under: set[str]) -> None:
-        """The soft-tainter: PreferNoSchedule on every node that is not underutilised."""
-        for n in nodes:
-            n.soft_tainted = bool(under) and n.name not in under
+    def _refused_by_limit(self, evicted_here: int, in_flight_here: int, state: dict) -> tuple[bool, bool]:
+        """(node limit reached, total limit reached) for one more eviction."""
+        s = self.s
+        node_full = (evicted_here + in_flight_here + 1 > s.eviction_limit_node
+                     or evicted_here + in_flight_here + 1 > s.max_per_node)
+        total_full = state["total"] + state["in_flight_total"] + 1 > s.max_total
+        return node_full, total_full
 
-    def evict_from(self, node: str, in_flight_here: int, total_left: int, now: int) -> int:
-        """Evict up to evictionLimits.node pods from one overutilised node; returns how many."""
-        budget = min(self.s.eviction_limit_node, self.s.max_per_node - in_flight_here, total_left)
-        if budget <= 0:
-            return 0
-        candidates = sorted(p for p in self.kv.pods_on[node] if p not in self.tracked)
+    def evict_from(self, node: str, in_flight_here: int, state: dict, result: CycleResult, now: int) -> bool:
+        """Take pods from one overutilised node until a limit refuses; False once the
+        total limit is reached (the cycle stops)."""
+        candidates = sorted(self.kv.pods_on[node])
         self.rng.shuffle(candidates)  # equal priority and QoS: arbitrary order
         evicted = 0
+        passed_over = False
         for name in candidates:
-            if evicted >= budget:
-                break
-            pod = self.kv.pods[name]
+            pod = self.kv.pods.get(name)
+            if pod is None:
+                continue
             skip = self.pre_filter(pod, now)
             if skip is not None:
                 self.outcomes[skip] += 1
+                passed_over = True
                 continue
-            self.attempts += 1
+            node_full, total_full = self._refused_by_limit(evicted, in_flight_here, state)
+            if node_full or total_full:
+                state["limit_hit"] = True
+                return not total_full
+            if name in self.cache:
+                self.cached_hits += 1  # already in flight: success without a request
+                evicted += 1
+                state["total"] += 1
+                continue
+            result.sent += 1
             answer = self.admit(pod, now)
             self.outcomes[answer.reason] += 1
             if answer.background:
-                self.background += 1
-                self.tracked[name] = Tracked(node, now, confirmed=pod.eviction_in_progress)
-                evicted += 1
+                self.answers["background"] += 1
+                self.cache[name] = Entry(node, now, assumed=True)
             elif answer.allowed:
-                evicted += 1  # a plain eviction (not a migratable VM pod): not modelled further
-        return evicted
+                self.answers["allowed"] += 1
+            else:
+                self.answers["error"] += 1
+                passed_over = True
+                continue
+            evicted += 1
+            state["total"] += 1
+            result.started += 1
+            if passed_over:
+                self.redirected += 1
+                passed_over = False
+        return True
+
+    # ---- the soft-tainter ----------------------------------------------------
+
+    def soft_taint(self) -> bool:
+        """PreferNoSchedule: 2 on overutilised nodes, 1 on appropriately utilised ones,
+        none on underutilised ones. True if any node's taints changed."""
+        c = self.classify_now()
+        under, over = set(c.under), set(c.over)
+        changed = False
+        for n in self.kv.nodes:
+            want = 0 if n.name in under else 2 if n.name in over else 1
+            if n.soft_taints != want:
+                n.soft_taints = want
+                self.kv.publish_node(n)
+                changed = True
+        return changed

@@ -13,6 +13,7 @@ workload (load walks, placement) is identical in every mode.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 import math
 from collections import Counter
@@ -21,20 +22,21 @@ from dataclasses import dataclass, field
 from random import Random
 
 from app.cluster.store import ClusterStore
-from app.sim.descheduler import Descheduler, node_scores, pressure
-from app.sim.guards import Mode, make_mode
-from app.sim.kubevirt import KubeVirt, MigrationRun, Pod
-from app.sim.model import VM, Node
-from app.sim.scenario import Event, Scenario
+from app.sim.descheduler import CycleResult, Descheduler, node_scores, pressure
+from app.sim.guards import AUTOSCALER, KUBECTL, Mode, guard_settings_for, parse_mode
+from app.sim.kubevirt import KubeVirt, MigrationRun
+from app.sim.model import TAINT_AUTOSCALER, VM, Node
+from app.sim.scenario import Event, Scenario, guard_settings
 
 PRIO_SAMPLE, PRIO_EVENT, PRIO_KUBEVIRT, PRIO_DESCHEDULER = 0, 1, 2, 3
-DRAIN_RETRY = 5  # kubectl drain retries a refused eviction every 5 s
+DRAIN_RETRY = {"cordon": 5, "autoscaler": 10}  # kubectl drain retries every 5 s, cluster-autoscaler every 10 s
 
 
 @dataclass
 class Drain:
     node: str
     start: int
+    how: str
     vms_at_start: int = 0
     done: int | None = None
     answers: Counter = field(default_factory=Counter)
@@ -48,21 +50,25 @@ class RunData:
     duration: int
     vm_count: int
     sample_interval: int
-    step_times: list[int]
+    interval: int
     node_names: list[str]
     runs: list[MigrationRun] = field(default_factory=list)
     sample_times: list[int] = field(default_factory=list)
-    cpu_std: list[float] = field(default_factory=list)  # across schedulable nodes, fraction of capacity
-    cpu_range: list[float] = field(default_factory=list)
-    mem_std: list[float] = field(default_factory=list)
+    score_std: list[float] = field(default_factory=list)  # across schedulable nodes, score points
+    cpu_std: list[float] = field(default_factory=list)  # fraction of capacity
     node_cpu: list[list[float]] = field(default_factory=list)  # per node, per sample
     drains: list[Drain] = field(default_factory=list)
     descheduler_outcomes: Counter = field(default_factory=Counter)
-    eviction_requests: int = 0
-    background_evictions: int = 0
+    answers: Counter = field(default_factory=Counter)
+    lapsed: int = 0
+    cached_hits: int = 0
+    redirected: int = 0
+    stall_seconds: int = 0
+    blocked_seconds: int = 0
     descheduler_cycles: int = 0
     active_cycles: int = 0
     concurrent_evacuations: int = 0
+    max_leaving_per_node: int = 0
     policy_calls: int = 0
 
 
@@ -85,8 +91,10 @@ def initial_placement(nodes: list[Node], vms: list[VM], rng: Random) -> list[int
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, mode: str, hours: float | None = None) -> None:
+    def __init__(self, scenario: Scenario, mode: str, hours: float | None = None,
+                 guard_overrides: dict | None = None) -> None:
         self.sc = scenario
+        spec = parse_mode(mode)
         self.duration = int((hours if hours is not None else scenario.hours) * 3600)
         # each run gets its own copy: profiles carry random-walk state
         self.nodes: list[Node] = copy.deepcopy(scenario.nodes)
@@ -97,16 +105,27 @@ class Simulation:
         self._seq = 0
         self.now = 0
         self.store = ClusterStore()
-        placement = initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
+        placement = scenario.placement or initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
         self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{seed}:kubevirt"),
                            self._kubevirt_schedule)
-        self.mode: Mode = make_mode(mode, self.kv, scenario.plugin, scenario.guard)
-        self.desched = Descheduler(scenario.descheduler, self.kv, self._descheduler_admit, self.mode.pre_filter,
-                                   Random(f"{seed}:descheduler"))
+        if scenario.history_hook is not None:
+            scenario.history_hook(self.kv)
+        guard = None
+        if spec.guard is not None:
+            guard = guard_settings(guard_settings_for(spec, scenario.guard_raw, guard_overrides or {}),
+                                   f"mode {mode}")
+        self.mode = Mode(spec, self.kv, scenario.plugin, guard)
+        if scenario.history_hook is not None:
+            self.mode.descheduler_restarted(0)  # a descheduler that starts now: plugin history from kept VMIMs
+        ds = scenario.descheduler
+        if spec.baseline.eviction_limit_node is not None:
+            ds = dataclasses.replace(ds, eviction_limit_node=spec.baseline.eviction_limit_node)
+        self.ds = ds
+        self.desched = Descheduler(ds, self.kv, self.mode.admit, self.mode.pre_filter, Random(f"{seed}:descheduler"))
+        self._cycle_generation = 0
         self.data = RunData(
             mode=mode, duration=self.duration, vm_count=len(self.vms), sample_interval=scenario.sample_interval,
-            step_times=[t for t in scenario.step_times if t < self.duration], node_names=[n.name for n in self.nodes],
-            node_cpu=[[] for _ in self.nodes],
+            interval=ds.interval, node_names=[n.name for n in self.nodes], node_cpu=[[] for _ in self.nodes],
         )
 
     # ---- the event queue -----------------------------------------------------
@@ -119,10 +138,11 @@ class Simulation:
         self.schedule(at, PRIO_KUBEVIRT, fn, args)
 
     def run(self) -> RunData:
-        ds = self.sc.descheduler
+        ds = self.ds
         self.schedule(0, PRIO_SAMPLE, self.sample)
-        self.schedule(ds.first_run, PRIO_DESCHEDULER, self.descheduler_cycle)
+        self.schedule(ds.first_run, PRIO_DESCHEDULER, self.descheduler_cycle, (0,))
         self.schedule(ds.sweep_interval, PRIO_DESCHEDULER, self.descheduler_sweep)
+        self.schedule(ds.first_run, PRIO_DESCHEDULER, self.soft_tainter)
         for e in self.sc.events:
             self.schedule(e.at, PRIO_EVENT, self.scenario_event, (e,))
         queue, end = self._queue, self.duration
@@ -136,11 +156,14 @@ class Simulation:
         d = self.data
         d.runs = list(self.kv.finished) + self.kv.running_runs()
         d.descheduler_outcomes = Counter(self.desched.outcomes)
-        d.eviction_requests = self.desched.attempts
-        d.background_evictions = self.desched.background
+        d.answers = Counter(self.desched.answers)
+        d.lapsed = self.desched.lapsed
+        d.cached_hits = self.desched.cached_hits
+        d.redirected = self.desched.redirected
         d.descheduler_cycles = self.desched.cycles
         d.active_cycles = self.desched.active_cycles
         d.concurrent_evacuations = self.kv.concurrent_evacuations
+        d.max_leaving_per_node = self.kv.max_marked_on_one_node
         d.policy_calls = self.mode.policy_calls
         return d
 
@@ -151,8 +174,8 @@ class Simulation:
         profile's utilisation number per node, and the spread the metrics report."""
         rng = self.load_rng
         for vm in self.vms:
-            vm.cpu_load.tick(rng)
-            vm.memory_load.tick(rng)
+            vm.cpu_load.tick(rng, now)
+            vm.memory_load.tick(rng, now)
         n = len(self.nodes)
         cpu = [0.0] * n
         mem = [0.0] * n
@@ -163,7 +186,7 @@ class Simulation:
             mem[i] += vm.memory * vm.memory_load.value(now)
         overhead = self.sc.kubevirt.migration_cpu_overhead
         for m in self.kv.running:
-            if m.source is not None and m.target is not None:
+            if m.source is not None and m.target is not None and m.copy_start is not None:
                 cpu[m.source.index] += overhead
                 cpu[m.target.index] += overhead
                 mem[m.target.index] += m.vmi.vm.memory * m.vmi.vm.memory_load.value(now)
@@ -175,61 +198,94 @@ class Simulation:
             cu, mu = min(1.0, cd), min(1.0, md)
             cpu_use.append(cu)
             dims.append((cu, mu, pressure(cd), pressure(md)))
-        self.desched.scores = dict(zip(self.data.node_names, node_scores(dims)))
-        self._record(now, cpu_use, [d[1] for d in dims])
-        self.kv.try_start(now)  # pending migrations are retried every few seconds
+        scores = node_scores(dims)
+        self.desched.scores = dict(zip(self.data.node_names, scores))
+        self._record(now, cpu_use, scores)
+        self.kv.try_start(now)  # pending migrations whose target was full are retried
         if now + self.sc.sample_interval <= self.duration:
             self.schedule(now + self.sc.sample_interval, PRIO_SAMPLE, self.sample)
 
-    def _record(self, now: int, cpu_use: list[float], mem_use: list[float]) -> None:
+    def _record(self, now: int, cpu_use: list[float], scores: list[int]) -> None:
         d = self.data
         d.sample_times.append(now)
         for i, u in enumerate(cpu_use):
             d.node_cpu[i].append(u)
-        live = [i for i, node in enumerate(self.nodes) if not node.cordoned]
-        cu = [cpu_use[i] for i in live]
-        mu = [mem_use[i] for i in live]
-        d.cpu_std.append(_pstdev(cu))
-        d.cpu_range.append(max(cu) - min(cu) if cu else 0.0)
-        d.mem_std.append(_pstdev(mu))
+        live = [i for i, node in enumerate(self.nodes) if not node.cordoned and not node.no_schedule]
+        d.cpu_std.append(_pstdev([cpu_use[i] for i in live]))
+        d.score_std.append(_pstdev([float(scores[i]) for i in live]))
 
-    def descheduler_cycle(self, now: int) -> None:
-        self.desched.cycle(now)
-        self.schedule(now + self.sc.descheduler.interval, PRIO_DESCHEDULER, self.descheduler_cycle)
+    def descheduler_cycle(self, now: int, generation: int) -> None:
+        if generation != self._cycle_generation:
+            return  # a restart replaced this schedule
+        result = self.desched.cycle(now)
+        self._account_stall(now, result)
+        self.schedule(now + self.ds.interval, PRIO_DESCHEDULER, self.descheduler_cycle, (generation,))
+
+    def _account_stall(self, now: int, result: CycleResult) -> None:
+        """Stall: an overutilised node, no new eviction, the limits full of in-flight
+        entries, and one of them a VM whose evacuation keeps failing."""
+        if not result.blocked_by_in_flight:
+            return
+        span = min(self.ds.interval, self.duration - now)
+        self.data.blocked_seconds += span
+        pods = self.kv.pods
+        if any(name in pods and pods[name].vmi.failures_since_success > 0 for name in self.desched.cache):
+            self.data.stall_seconds += span
 
     def descheduler_sweep(self, now: int) -> None:
         self.desched.sweep(now)
-        self.schedule(now + self.sc.descheduler.sweep_interval, PRIO_DESCHEDULER, self.descheduler_sweep)
+        self.schedule(now + self.ds.sweep_interval, PRIO_DESCHEDULER, self.descheduler_sweep)
 
-    def _descheduler_admit(self, pod: Pod, now: int):
-        return self.mode.admit(pod, now, from_descheduler=True)
+    def soft_tainter(self, now: int) -> None:
+        if self.desched.soft_taint():
+            self.kv.try_start(now)
+        self.schedule(now + self.ds.soft_tainter_interval, PRIO_DESCHEDULER, self.soft_tainter)
 
     # ---- scenario events -----------------------------------------------------
 
+    def restart_descheduler(self, now: int) -> None:
+        """A new descheduler process: empty cache refilled by its informer's list, the
+        plugin's history re-seeded, and a cycle at once."""
+        self.desched.restart(now)
+        self.mode.descheduler_restarted(now)
+        self._cycle_generation += 1
+        self.schedule(now, PRIO_DESCHEDULER, self.descheduler_cycle, (self._cycle_generation,))
+
     def scenario_event(self, now: int, e: Event) -> None:
         if e.kind == "deschedulerRestart":
-            self.desched.restart()
-            self.mode.descheduler_restarted(now)
+            self.restart_descheduler(now)
         elif e.kind == "drain":
             node = self.kv.node_by_name[e.node]
-            self.kv.set_cordoned(node, True, now)
-            drain = Drain(node=e.node, start=now, vms_at_start=sum(1 for v in self.kv.vmis if v.node is node))
+            if e.how == "autoscaler":
+                self.kv.set_no_schedule(node, TAINT_AUTOSCALER, now)
+            else:
+                self.kv.set_cordoned(node, True, now)
+            drain = Drain(node=e.node, start=now, how=e.how,
+                          vms_at_start=sum(1 for v in self.kv.vmis if v.node is node))
             self.data.drains.append(drain)
             self.drain_tick(now, drain, e)
 
     def drain_tick(self, now: int, drain: Drain, e: Event) -> None:
-        """``kubectl drain``: evict every pod left on the node, retry refusals every 5 s."""
+        """Evict every pod left on the node; retry refusals (kubectl every 5 s, the
+        autoscaler every 10 s)."""
         pods = list(self.kv.pods_on[drain.node].values())
         if not pods:
             drain.done = now
             if e.uncordon_after:
-                node = self.kv.node_by_name[drain.node]
-                self.schedule(now + e.uncordon_after, PRIO_EVENT, lambda t: self.kv.set_cordoned(node, False, t))
+                self.schedule(now + e.uncordon_after, PRIO_EVENT, self._undrain, (drain,))
             return
+        client = AUTOSCALER if drain.how == "autoscaler" else KUBECTL
         for pod in pods:
             if pod.name in self.kv.pods:  # an earlier eviction in this pass may have changed things
-                drain.answers[self.mode.admit(pod, now, from_descheduler=False).reason] += 1
-        self.schedule(now + DRAIN_RETRY, PRIO_EVENT, self.drain_tick, (drain, e))
+                drain.answers[self.mode.admit(pod, now, client).reason] += 1
+        self.schedule(now + DRAIN_RETRY[drain.how], PRIO_EVENT, self.drain_tick, (drain, e))
+
+    def _undrain(self, now: int, drain: Drain) -> None:
+        node = self.kv.node_by_name[drain.node]
+        if drain.how == "autoscaler":
+            self.kv.set_no_schedule(node, "", now)
+        else:
+            self.kv.set_cordoned(node, False, now)
 
 
 def _pstdev(xs: list[float]) -> float:
@@ -239,5 +295,5 @@ def _pstdev(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
-def simulate(scenario: Scenario, mode: str, hours: float | None = None) -> RunData:
-    return Simulation(scenario, mode, hours).run()
+def simulate(scenario: Scenario, mode: str, hours: float | None = None, guard_overrides: dict | None = None) -> RunData:
+    return Simulation(scenario, mode, hours, guard_overrides).run()

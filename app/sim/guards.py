@@ -1,116 +1,172 @@
-"""The three ways an eviction can be judged: ``off``, ``plugin`` and ``guard``.
+"""The modes: one descheduler, different protection layers in front of KubeVirt.
 
-- ``off``: the descheduler's evictions go straight to KubeVirt.
-- ``plugin``: the reference KubevirtMigrationAware evictor plugin, re-implemented
-  from its description (kubevirt-facts.md): a pre-eviction filter inside the
-  descheduler with a hard block while the VMI's migration is in flight and the
-  cooldown, from a history kept in the descheduler's memory (every
-  ``endTimestamp`` change counts, failures included). A restart of the
-  descheduler loses it; the new process rebuilds it from the ``Succeeded``
-  VMIMs KubeVirt still keeps. It has no node budget and no drain exemption,
-  and it never sees evictions others make.
-- ``guard``: this project's ``app.policy.decide``, unchanged, registered as a
-  mutating webhook (so it runs before KubeVirt's), deciding on a real
+A mode is a *baseline* (how the descheduler is set up) optionally followed by
+``+VARIANT``, a guard variant in front of it:
+
+- ``upstream``: upstream descheduler, background evictions on, limits 2/5, no
+  KubeVirt-aware plugin (``off`` is an alias);
+- ``profile``: ``upstream`` plus the KubevirtMigrationAware plugin as filter and
+  pre-eviction filter, i.e. OpenShift's KubeVirtRelieveAndMigrate as shipped;
+- ``node-limit-1``: ``upstream`` with ``evictionLimits.node: 1``;
+- ``BASELINE+guard``: this project's ``app.policy.decide``, unchanged, as a
+  mutating webhook (so it runs before KubeVirt's) deciding on a real
   ``ClusterStore`` that KubeVirt's simulated objects are published into.
+
+A new baseline or guard variant is one entry in ``BASELINES`` or
+``GUARD_VARIANTS``. A variant's settings are the guard's defaults, then the
+scenario's ``guard:`` block, then ``--guard-set`` from the command line, then
+the variant's own overrides (design.md names, as in ``--config``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from app.domain.view import HEALTHY
 from app.policy import decide, effective_cooldown
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
 
-MODES = ("off", "plugin", "guard")
-DRAIN_USER = "system:admin"
+DESCHEDULER, KUBECTL, AUTOSCALER = "descheduler", "kubectl", "autoscaler"
+USERS = {
+    DESCHEDULER: "system:serviceaccount:openshift-kube-descheduler-operator:openshift-descheduler",
+    KUBECTL: "system:admin",
+    AUTOSCALER: "system:serviceaccount:kube-system:cluster-autoscaler",
+}
 
 
-class Mode:
-    name = "off"
+@dataclass(frozen=True)
+class Baseline:
+    description: str
+    plugin: bool = False
+    eviction_limit_node: int | None = None  # overrides the scenario's evictionLimits.node
+
+
+@dataclass(frozen=True)
+class GuardVariant:
+    description: str
+    settings: dict = field(default_factory=dict)  # design.md names, applied last
+
+
+BASELINES = {
+    "upstream": Baseline("upstream descheduler, background evictions on, limits 2/5, no KubeVirt plugin"),
+    "profile": Baseline("upstream + KubevirtMigrationAware plugin (OpenShift KubeVirtRelieveAndMigrate)", plugin=True),
+    "node-limit-1": Baseline("upstream with evictionLimits.node: 1", eviction_limit_node=1),
+}
+GUARD_VARIANTS = {
+    "guard": GuardVariant("the guard with its default settings and the scenario's guard block"),
+}
+ALIASES = {"off": "upstream"}
+MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    baseline: Baseline
+    guard: GuardVariant | None
+
+
+def parse_mode(name: str) -> ModeSpec:
+    base, _, variant = ALIASES.get(name, name).partition("+")
+    if base not in BASELINES or (variant and variant not in GUARD_VARIANTS):
+        known = ", ".join(list(BASELINES) + [f"{b}+{v}" for b in BASELINES for v in GUARD_VARIANTS])
+        raise ValueError(f"unknown mode {name!r}: expected one of {known} (or off)")
+    return ModeSpec(name, BASELINES[base], GUARD_VARIANTS[variant] if variant else None)
+
+
+class PluginModel:
+    """KubevirtMigrationAware as filter and pre-eviction filter, from its description.
+
+    The in-flight check and the last migration come from the VMI's
+    ``migrationState``; the count of recent migrations from a history in the
+    descheduler's memory, fed by every ``endTimestamp`` change on a VMI (failed
+    migrations included) and, after a restart, re-seeded from the ``Succeeded``
+    VMIMs KubeVirt still keeps (5 per VMI). Only the descheduler's evictions pass
+    through it."""
 
     def __init__(self, kubevirt: KubeVirt, settings: PolicySettings) -> None:
         self.kv = kubevirt
         self.settings = settings
-        self.policy_calls = 0
-
-    def pre_filter(self, pod: Pod, now: int) -> str | None:
-        """The descheduler's pre-eviction filter: a reason to skip the pod, or None."""
-        return None
-
-    def webhook(self, pod: Pod, now: int, from_descheduler: bool) -> Answer | None:
-        """A refusal by a webhook that runs before KubeVirt's, or None to go on."""
-        return None
-
-    def admit(self, pod: Pod, now: int, from_descheduler: bool) -> Answer:
-        """The API server's answer to one eviction: webhooks, then KubeVirt's admitter."""
-        refused = self.webhook(pod, now, from_descheduler)
-        if refused is not None:
-            return refused
-        return self.kv.admit_eviction(pod.name, now, from_descheduler)
-
-    def descheduler_restarted(self, now: int) -> None:
-        pass
-
-
-class Plugin(Mode):
-    name = "plugin"
-
-    def __init__(self, kubevirt: KubeVirt, settings: PolicySettings) -> None:
-        super().__init__(kubevirt, settings)
-        self.history: dict[str, list[tuple[int, int]]] = {}  # VMI -> (start, end) of finished migrations
+        self.history: dict[str, list[int]] = {}  # VMI -> end times of finished migrations
         kubevirt.listeners.append(self._finished)
 
     def _finished(self, m: Migration) -> None:
-        assert m.start is not None and m.end is not None
-        self.history.setdefault(m.vmi.name, []).append((m.start, m.end))
+        if m.copy_start is not None and m.end is not None:  # the VMI's migrationState got an endTimestamp
+            self.history.setdefault(m.vmi.name, []).append(m.end)
 
-    def descheduler_restarted(self, now: int) -> None:
+    def restarted(self, now: int) -> None:
         self.history = {}
         for vmi in self.kv.vmis:
-            kept = [(m.start, m.end) for m in vmi.vmims if m.phase == "Succeeded" and m.start is not None]
+            kept = [m.end for m in vmi.vmims if m.phase == "Succeeded" and m.end is not None]
             if kept:
                 self.history[vmi.name] = kept  # type: ignore[assignment]
 
-    def pre_filter(self, pod: Pod, now: int) -> str | None:
-        self.policy_calls += 1
-        vmi = pod.vmi
-        m = vmi.migration
-        if m is not None and m.start is not None and m.end is None:
-            return "plugin_migration_in_progress"
-        history = self.history.get(vmi.name)
-        if not history:
+    def check(self, pod: Pod, now: int) -> str | None:
+        m = pod.vmi.migration  # status.migrationState
+        if m is None or m.copy_start is None:
             return None
+        if m.end is None:
+            return "plugin_migration_in_progress"
         s = self.settings
-        start, end = max(history, key=lambda h: h[1])
-        count = sum(1 for _, e in history if e > now - s.migration_history_window)  # strict, as the plugin
-        _, cooldown = effective_cooldown(end - start, count, s)
-        return "plugin_cooldown" if now - end < cooldown else None
+        count = sum(1 for end in self.history.get(pod.vmi.name, ()) if end > now - s.migration_history_window)
+        _, cooldown = effective_cooldown(m.end - m.copy_start, count, s)
+        return "plugin_cooldown" if now - m.end < cooldown else None
 
 
-class Guard(Mode):
-    name = "guard"
+class GuardWebhook:
+    """The eviction as the admission layer hands it to policy, decided on the store."""
 
-    def webhook(self, pod: Pod, now: int, from_descheduler: bool) -> Answer | None:
-        """The eviction as the admission layer hands it to policy, decided on the store."""
-        self.policy_calls += 1
+    def __init__(self, kubevirt: KubeVirt, settings: PolicySettings) -> None:
+        self.kv = kubevirt
+        self.settings = settings
+
+    def check(self, pod: Pod, now: int, client: str) -> Answer | None:
+        from_descheduler = client == DESCHEDULER
         req = EvictionRequest(
             operation="CREATE", resource="pods", subresource="eviction", namespace=NAMESPACE, name=pod.name,
-            username="system:serviceaccount:openshift-kube-descheduler-operator:openshift-descheduler"
-            if from_descheduler else DRAIN_USER,
-            requested_by=DESCHEDULER_REQUESTER if from_descheduler else "",
+            username=USERS[client], requested_by=DESCHEDULER_REQUESTER if from_descheduler else "",
             eviction_reason="triggered by KubeVirtRelieveAndMigrate/LowNodeUtilization" if from_descheduler else "",
         )
         d = decide(req, self.kv.store, EPOCH + now, self.settings, HEALTHY)
-        if d.allowed:
+        return None if d.allowed else Answer(False, d.message, d.reason)
+
+
+class Mode:
+    """The protection layers of one mode: the plugin inside the descheduler and the
+    guard webhook in the API server, each optional."""
+
+    def __init__(self, spec: ModeSpec, kubevirt: KubeVirt, plugin: PolicySettings,
+                 guard: PolicySettings | None) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.kv = kubevirt
+        self.plugin = PluginModel(kubevirt, plugin) if spec.baseline.plugin else None
+        self.guard = GuardWebhook(kubevirt, guard) if spec.guard is not None and guard is not None else None
+        self.policy_calls = 0
+
+    def pre_filter(self, pod: Pod, now: int) -> str | None:
+        """The descheduler's filter and pre-eviction filter: a reason to skip the pod, or None."""
+        if self.plugin is None:
             return None
-        return Answer(False, d.message, d.reason)
+        self.policy_calls += 1
+        return self.plugin.check(pod, now)
+
+    def admit(self, pod: Pod, now: int, client: str = DESCHEDULER) -> Answer:
+        """The API server's answer to one eviction: webhooks, then KubeVirt's admitter."""
+        if self.guard is not None:
+            self.policy_calls += 1
+            refused = self.guard.check(pod, now, client)
+            if refused is not None:
+                return refused
+        return self.kv.admit_eviction(pod.name, now, from_descheduler=client == DESCHEDULER)
+
+    def descheduler_restarted(self, now: int) -> None:
+        if self.plugin is not None:
+            self.plugin.restarted(now)
 
 
-def make_mode(name: str, kubevirt: KubeVirt, plugin: PolicySettings, guard: PolicySettings) -> Mode:
-    if name == "off":
-        return Mode(kubevirt, guard)
-    if name == "plugin":
-        return Plugin(kubevirt, plugin)
-    if name == "guard":
-        return Guard(kubevirt, guard)
-    raise ValueError(f"unknown mode {name!r}: expected one of {', '.join(MODES)}")
+def guard_settings_for(spec: ModeSpec, raw: dict, overrides: dict) -> dict:
+    """The design.md settings a guard variant runs with (scenario, CLI, variant)."""
+    assert spec.guard is not None
+    return {**raw, **overrides, **spec.guard.settings}

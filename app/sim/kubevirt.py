@@ -1,4 +1,4 @@
-"""KubeVirt as the simulation needs it: evacuation, migrations, limits, retries, retention.
+"""KubeVirt (v1.7 and later) as the simulation needs it: evacuation, migrations, limits, retries.
 
 The state lives in plain mutable objects (fast to change); every change is
 also published into a real ``ClusterStore`` as the Kubernetes object the API
@@ -6,18 +6,23 @@ server would hold, projected by the production ``*_from_object`` functions.
 The guard reads that store and nothing else, so it decides on exactly what it
 would see in a cluster (timestamps included, truncated to the second).
 
-Mechanics (simulation-model.md):
-- an eviction of a migratable VM's pod marks the VMI for evacuation and is
-  refused with ``Eviction triggered evacuation``; the evacuation controller
-  creates one VMIM per marked VMI at once;
-- at most 5 migrations run per cluster and 2 outbound per source node; pending
-  VMIMs wait with no timeout, the highest priority first (drains before the
-  descheduler), then the oldest;
-- duration from memory, bandwidth and dirty rate, aborted by the completion
-  timeout (150 s per GiB) or when it makes no progress (150 s);
+Mechanics (simulation-model.md v2):
+- the eviction admitter checks, in order: the VMI is already marked ->
+  ``Evacuation in progress: Eviction triggered evacuation``; the pod is not on
+  the VMI's node (a migration target) -> ``Eviction request for target Pod``;
+  otherwise it marks the VMI and answers ``Eviction triggered evacuation``;
+- the launcher pod's ``eviction-in-progress`` annotation follows the mark
+  (virt-controller sets it a second later) and stays through failed attempts;
+- one VMIM per marked VMI, priority ``system-maintenance`` when the descheduler
+  marked it, ``system-critical`` otherwise; at most 5 run per cluster and 2
+  outbound per source node, pending ones taken by priority then age;
+- a migration copies the guest memory over the source node's NIC, shared by
+  the node's outbound migrations, while the guest dirties pages; it aborts at
+  the completion timeout (150 s per GiB) or after 150 s without progress; a
+  target pod that cannot schedule fails the VMIM after 5 minutes;
 - after a failure the VMI stays marked and a new VMIM is created at once, held
-  back by 20 s doubling per consecutive failure among the retained VMIMs (only
-  the 5 newest finished VMIMs per VMI are kept, so at most 320 s).
+  back 20 s doubling per consecutive failure since the last success (no cap);
+- the 5 most recent finished VMIMs of a VMI are kept.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ NAMESPACE = "vms"
 EPOCH = 1767225600  # 2026-01-01T00:00:00Z is simulated time 0
 BACKGROUND = "Eviction triggered evacuation"
 PRIORITY_DRAIN, PRIORITY_DESCHEDULER = 1, 0
+PRIORITY_NAMES = {PRIORITY_DRAIN: "system-critical", PRIORITY_DESCHEDULER: "system-maintenance"}
+ANNOTATION_DELAY = 1  # virt-controller reconciles the pod annotation to the mark a second later
+EPS = 1e-9
 
 
 def ts(t: float | None) -> str | None:
@@ -60,6 +68,7 @@ class Pod:
     node: Node
     migration: "Migration | None" = None  # set on a migration's target pod
     eviction_in_progress: bool = False
+    updates: int = 0  # update events the pod informer has seen (after creation)
 
 
 @dataclass(slots=True)
@@ -75,12 +84,26 @@ class Migration:
     priority: int
     evacuation_node: str
     phase: str = "Pending"
-    start: int | None = None
+    start: int | None = None  # slot taken, target pod created
     end: int | None = None
     source: Node | None = None
     target: Node | None = None
     target_pod: Pod | None = None
     failed: bool = False
+    failure: str = ""  # why it failed: unschedulable, completion-timeout, no-progress, transient
+    # the copy, a fluid model: memory left to converge, of the first pass, since when it stalls
+    copy_start: int | None = None
+    remaining: float = 0.0
+    first_pass: float = 0.0
+    share: float = 0.0  # GiB/s of the source NIC this migration gets now
+    updated: float = 0.0
+    stalled_since: float | None = None
+    fail_at: int | None = None  # a transient failure strikes here, if the copy is still going
+    version: int = 0  # invalidates end events planned under an older share
+
+    @property
+    def cause(self) -> str:
+        return "descheduler" if self.priority == PRIORITY_DESCHEDULER else "drain"
 
 
 @dataclass(slots=True)
@@ -93,6 +116,7 @@ class VMI:
     from_descheduler: bool = False  # annotation kubevirt.io/eviction-source: descheduler
     migration: Migration | None = None  # the one status.migrationState describes
     vmims: list[Migration] = field(default_factory=list)  # retained VMIMs, oldest first
+    failures_since_success: int = 0
     pod_serial: int = 0
 
     @property
@@ -126,38 +150,33 @@ class MigrationRun:
     source: str
     target: str
     failed: bool
+    failure: str = ""
 
 
-def migration_duration(memory: float, dirty_rate: float, s: KubeVirtSettings) -> tuple[int, bool]:
-    """(seconds until the migration ends, whether it ends by being aborted).
+def migration_duration(memory: float, dirty_rate: float, bandwidth: float, s: KubeVirtSettings) -> tuple[int, bool]:
+    """(seconds until a migration alone on its source NIC ends, whether it ends aborted).
 
     Pre-copy sends the memory, then what was dirtied meanwhile, and so on: with
     bandwidth B and dirty rate D < B the rounds add up to M / (B - D). With
-    D >= B it never converges: it is aborted 150 s after the first full pass
-    stops making progress. Either way the completion timeout (150 s per GiB)
-    aborts it first if shorter. The setup (target pod start) comes before.
+    D >= B it never converges: the first pass (M / B) makes progress, then it
+    is aborted after 150 s without any. The completion timeout (150 s per GiB)
+    aborts it first if shorter. Target pod start-up (setup) comes before.
+    The engine runs the same fluid model step by step when the NIC is shared.
     """
     timeout = s.completion_timeout_per_gib * memory
-    if dirty_rate < s.bandwidth:
-        copy = memory / (s.bandwidth - dirty_rate)
+    if dirty_rate < bandwidth:
+        copy = memory / (bandwidth - dirty_rate)
         if copy <= timeout:
-            return s.setup_seconds + math.ceil(copy), False
-        return s.setup_seconds + math.ceil(timeout), True
-    stall = memory / s.bandwidth + s.progress_timeout
-    return s.setup_seconds + math.ceil(min(stall, timeout)), True
+            return s.setup_seconds + math.ceil(copy - EPS), False
+        return s.setup_seconds + math.ceil(timeout - EPS), True
+    stall = memory / bandwidth + s.progress_timeout
+    return s.setup_seconds + math.ceil(min(stall, timeout) - EPS), True
 
 
-def retry_backoff(vmims: list[Migration], initial: int) -> int:
-    """The hold-back of a new VMIM: ``initial`` doubling per consecutive failure among the
-    retained finished VMIMs (newest first), 0 after a success or none."""
-    failures = 0
-    for m in reversed(vmims):
-        if m.phase == "Pending" or m.phase == "Running":
-            continue
-        if not m.failed:
-            break
-        failures += 1
-    return 0 if failures == 0 else initial * 2 ** (failures - 1)
+def retry_backoff(failures_since_success: int, initial: int) -> int:
+    """The hold-back of a new VMIM: ``initial`` doubling per consecutive failure since the
+    last success (0 after a success or none), with no cap."""
+    return 0 if failures_since_success <= 0 else initial * 2 ** (failures_since_success - 1)
 
 
 class KubeVirt:
@@ -180,27 +199,41 @@ class KubeVirt:
         self.pods: dict[str, Pod] = {}
         self.pods_on: dict[str, dict[str, Pod]] = {n.name: {} for n in nodes}
         self.vmis: list[VMI] = []
+        self.vmi_by_name: dict[str, VMI] = {}
         self.pending: list[Migration] = []
         self.running: list[Migration] = []
+        self.copying: dict[str, list[Migration]] = {n.name: [] for n in nodes}  # by source node
         self.outbound: dict[str, int] = {n.name: 0 for n in nodes}
         self.marked_on: dict[str, int] = {n.name: 0 for n in nodes}
+        self.max_marked_on_one_node = 0  # VMs marked at once on one node that is not being drained
         self.finished: list[MigrationRun] = []
         self.concurrent_evacuations = 0  # descheduler marked a VM while another was marked on that node
         self.listeners: list[Callable[[Migration], None]] = []  # told of every finished migration
+        self.pod_listeners: list[Callable[[Pod, int], None]] = []  # the pod informer: update events
+        self.pod_delete_listeners: list[Callable[[Pod], None]] = []
         self._seq = 0
         for n in nodes:
             self.publish_node(n)
         for vm, node_index in zip(vms, placement):
             vmi = VMI(vm=vm, node=nodes[node_index])
             self.vmis.append(vmi)
+            self.vmi_by_name[vmi.name] = vmi
             vmi.pod = self._new_pod(vmi, vmi.node)
             self.publish_vmi(vmi)
 
     # ---- publication into the store (as the API server's objects) ------------
 
     def publish_node(self, n: Node) -> None:
+        spec: dict = {}
+        if n.cordoned:
+            spec["unschedulable"] = True
+        taints = [{"key": "kubevirt.io/soft-taint", "effect": "PreferNoSchedule"}] * n.soft_taints
+        if n.no_schedule:
+            taints = taints + [{"key": n.no_schedule, "effect": "NoSchedule"}]
+        if taints:
+            spec["taints"] = taints
         self.store.upsert(node_from_object({"metadata": {"name": n.name, "labels": {"kubevirt.io/schedulable": "true"}},
-                                            "spec": {"unschedulable": True} if n.cordoned else {}}))
+                                            "spec": spec}))
 
     def publish_pod(self, p: Pod) -> None:
         labels = {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": p.vmi.name}
@@ -220,7 +253,7 @@ class KubeVirt:
         status: dict = {"phase": "Running", "nodeName": v.node.name}
         if v.evacuation_node:
             status["evacuationNodeName"] = v.evacuation_node
-        if v.migration is not None:
+        if v.migration is not None and v.migration.copy_start is not None:
             status["migrationState"] = _state(v.migration)
         annotations = {"kubevirt.io/eviction-source": "descheduler"} if v.from_descheduler else {}
         self.store.upsert(vmi_from_object({
@@ -231,12 +264,12 @@ class KubeVirt:
 
     def publish_vmim(self, m: Migration) -> None:
         status: dict = {"phase": m.phase}
-        if m.start is not None:
+        if m.copy_start is not None:
             status["migrationState"] = _state(m)
         self.store.upsert(migration_from_object({
             "metadata": {"name": m.name, "namespace": NAMESPACE, "uid": m.uid, "creationTimestamp": ts(m.created),
                          "annotations": {EVACUATION_MIGRATION: m.evacuation_node}},
-            "spec": {"vmiName": m.vmi.name},
+            "spec": {"vmiName": m.vmi.name, "priority": PRIORITY_NAMES[m.priority]},
             "status": status,
         }))
 
@@ -258,6 +291,21 @@ class KubeVirt:
         pod.node.req_cpu -= pod.vmi.vm.vcpus / self.s.cpu_allocation_ratio
         pod.node.req_mem -= pod.vmi.vm.memory
         self.store.delete(POD, (NAMESPACE, pod.name))
+        for listener in self.pod_delete_listeners:
+            listener(pod)
+
+    def _sync_annotation(self, now: int, pod: Pod) -> None:
+        """virt-controller: the source pod's eviction-in-progress annotation equals the mark."""
+        if pod.name not in self.pods:
+            return
+        want = bool(pod.vmi.evacuation_node) and pod.vmi.pod is pod
+        if want == pod.eviction_in_progress:
+            return
+        pod.eviction_in_progress = want
+        pod.updates += 1
+        self.publish_pod(pod)
+        for listener in self.pod_listeners:
+            listener(pod, now)
 
     # ---- the eviction admitter (virt-launcher-eviller) -----------------------
 
@@ -268,20 +316,20 @@ class KubeVirt:
             return Answer(True, "pod not found", "kubevirt_not_found")
         vmi = pod.vmi
         ref = f'VMI "{NAMESPACE}/{vmi.name}"'
-        if pod.node is not vmi.node:
-            return Answer(False, f"Eviction request for target Pod of {ref}", "kubevirt_target_pod")
         if vmi.evacuation_node:
             return Answer(False, f"Evacuation in progress: {BACKGROUND} of {ref}", "kubevirt_evacuation_in_progress")
+        if pod.node is not vmi.node:
+            return Answer(False, f"Eviction request for target Pod of {ref}", "kubevirt_target_pod")
         node = pod.node.name
         if from_descheduler and self.marked_on[node] > 0:
             self.concurrent_evacuations += 1
         self.marked_on[node] += 1
+        if not (pod.node.cordoned or pod.node.no_schedule):  # a drain empties its node by design
+            self.max_marked_on_one_node = max(self.max_marked_on_one_node, self.marked_on[node])
         vmi.evacuation_node = node
         vmi.from_descheduler = from_descheduler
         self.publish_vmi(vmi)
-        # virt-controller reconciles the pod annotation to the mark (at once, here)
-        pod.eviction_in_progress = True
-        self.publish_pod(pod)
+        self.schedule(now + ANNOTATION_DELAY, self._sync_annotation, (pod,))
         self._create_vmim(vmi, now)
         return Answer(False, f"{BACKGROUND} of {ref}", "kubevirt_evacuation")
 
@@ -289,7 +337,7 @@ class KubeVirt:
 
     def _create_vmim(self, vmi: VMI, now: int) -> None:
         self._seq += 1
-        backoff = retry_backoff(vmi.vmims, self.s.backoff_initial)
+        backoff = retry_backoff(vmi.failures_since_success, self.s.backoff_initial)
         m = Migration(
             seq=self._seq, name=f"{vmi.name}-evacuation-{self._seq:06d}", uid=f"uid-vmim-{self._seq:06d}", vmi=vmi,
             created=now, eligible_at=now + backoff,
@@ -315,22 +363,23 @@ class KubeVirt:
             source = m.vmi.node
             if self.outbound[source.name] >= self.s.parallel_outbound_migrations_per_node:
                 continue
-            target = self.choose_target(m.vmi.vm, source)
-            if target is None:
-                continue
-            self._start(m, source, target, now)
+            self._start(m, source, now)
+
+    def schedulable_targets(self, vm: VM, source: Node) -> list[Node]:
+        return [n for n in self.nodes if n is not source and not n.cordoned and not n.no_schedule
+                and n.req_mem + vm.memory <= n.memory]
 
     def choose_target(self, vm: VM, source: Node) -> Node | None:
-        """The scheduler's pick: a node that fits (memory requests), untainted ones first,
-        then the least allocated (kube-scheduler's LeastAllocated on cpu and memory
-        requests), ties broken at random."""
+        """The scheduler's pick: a node that fits (memory requests, no cordon, no NoSchedule
+        taint), the fewest PreferNoSchedule taints first, then the least allocated
+        (LeastAllocated on cpu and memory requests), ties broken at random."""
+        if vm.target_unschedulable:
+            return None
         best: list[Node] = []
         best_key = None
-        for n in self.nodes:
-            if n is source or n.cordoned or n.req_mem + vm.memory > n.memory:
-                continue
+        for n in self.schedulable_targets(vm, source):
             free = (1 - n.req_cpu / n.cpu) + (1 - n.req_mem / n.memory)
-            key = (not n.soft_tainted, round(free, 9))
+            key = (-n.soft_taints, round(free, 9))
             if best_key is None or key > best_key:
                 best, best_key = [n], key
             elif key == best_key:
@@ -339,52 +388,139 @@ class KubeVirt:
             return None
         return best[0] if len(best) == 1 else self.rng.choice(best)
 
-    def failure_probability(self, source: Node) -> float:
+    def failure_probability(self, vm: VM, source: Node) -> float:
+        if vm.failure_probability is not None:
+            return vm.failure_probability
         return self.s.failure_probability if source.failure_probability is None else source.failure_probability
 
-    def _start(self, m: Migration, source: Node, target: Node, now: int) -> None:
+    def network(self, node: Node) -> float:
+        return self.s.network if node.network is None else node.network
+
+    def _start(self, m: Migration, source: Node, now: int) -> None:
+        """The migration controller takes the VMIM: slot, target pod, then the copy."""
         self.pending.remove(m)
         self.running.append(m)
         self.outbound[source.name] += 1
-        vmi = m.vmi
-        m.phase, m.start, m.source, m.target = "Running", now, source, target
-        m.target_pod = self._new_pod(vmi, target, migration=m)
+        m.phase, m.start, m.source = "Scheduling", now, source
+        target = self.choose_target(m.vmi.vm, source)
+        m.version += 1
+        if target is None:
+            # the target pod stays Pending; KubeVirt fails the VMIM after the unschedulable timeout
+            self.schedule(now + self.s.unschedulable_timeout, self._end_event, (m, m.version, "unschedulable"))
+        else:
+            m.target = target
+            m.target_pod = self._new_pod(m.vmi, target, migration=m)
+            self.schedule(now + self.s.setup_seconds, self._begin_copy, (m,))
+        self.publish_vmim(m)
+
+    def _begin_copy(self, now: int, m: Migration) -> None:
+        vmi, source = m.vmi, m.source
+        assert source is not None
+        m.phase, m.copy_start, m.updated = "Running", now, now
+        m.remaining = m.first_pass = vmi.vm.memory
         vmi.migration = m
-        duration, aborted = migration_duration(vmi.vm.memory, vmi.vm.dirty_rate, self.s)
-        failed = aborted
-        if not failed and self.rng.random() < self.failure_probability(source):
-            failed = True
-            duration = max(self.s.setup_seconds, int(duration * self.rng.uniform(0.2, 1.0)))
+        if self.rng.random() < self.failure_probability(vmi.vm, source):
+            nominal = vmi.vm.memory / max(self.network(source) - vmi.vm.dirty_rate, self.network(source) / 4)
+            m.fail_at = now + max(1, int(nominal * self.rng.uniform(0.1, 1.0)))
+        self.copying[source.name].append(m)
+        self._reshare(source, now)
         self.publish_vmim(m)
         self.publish_vmi(vmi)
-        self.schedule(now + duration, self._finish, (m, failed))
 
-    def _finish(self, now: int, m: Migration, failed: bool) -> None:
+    # ---- the copy: a fluid model on the source node's shared NIC -------------
+
+    def _advance(self, m: Migration, now: float) -> None:
+        dt = now - m.updated
+        if dt <= 0:
+            return
+        b, d = m.share, m.vmi.vm.dirty_rate
+        if b > d:
+            m.remaining -= (b - d) * dt
+            m.first_pass = max(0.0, m.first_pass - b * dt)
+            m.stalled_since = None
+        elif m.first_pass > 0:
+            sent = min(m.first_pass, b * dt)
+            m.first_pass -= sent
+            if m.first_pass <= EPS:
+                m.first_pass = 0.0
+                m.stalled_since = m.updated + (sent / b if b > 0 else 0.0)
+        elif m.stalled_since is None:
+            m.stalled_since = m.updated
+        m.updated = now
+
+    def _reshare(self, source: Node, now: int) -> None:
+        """The source NIC is split evenly among the node's copying migrations: bring each
+        up to now at its old share, then plan its end at the new one."""
+        active = self.copying[source.name]
+        if not active:
+            return
+        share = self.network(source) / len(active)
+        for m in active:
+            self._advance(m, now)
+            if m.stalled_since is not None and now - m.stalled_since >= self.s.progress_timeout - EPS:
+                continue  # already aborted for lack of progress; its end event is due now
+            m.share = share
+            self._plan(m, now)
+
+    def _plan(self, m: Migration, now: int) -> None:
+        s, vm = self.s, m.vmi.vm
+        assert m.copy_start is not None
+        b, d = m.share, vm.dirty_rate
+        candidates = [(m.copy_start + s.completion_timeout_per_gib * vm.memory, "completion-timeout")]
+        if b > d:
+            candidates.append((now + max(0.0, m.remaining) / (b - d), ""))
+        elif m.first_pass > 0:
+            candidates.append((now + m.first_pass / b + s.progress_timeout if b > 0 else now + s.progress_timeout,
+                               "no-progress"))
+        else:
+            candidates.append(((m.stalled_since if m.stalled_since is not None else now) + s.progress_timeout,
+                               "no-progress"))
+        if m.fail_at is not None:
+            candidates.append((m.fail_at, "transient"))
+        at, why = min(candidates, key=lambda c: (c[0], c[1] == ""))
+        m.version += 1
+        self.schedule(max(now, math.ceil(at - EPS)), self._end_event, (m, m.version, why))
+
+    def _end_event(self, now: int, m: Migration, version: int, why: str) -> None:
+        if m.version != version or m.end is not None:
+            return  # replanned since
+        self._finish(now, m, failed=bool(why), failure=why)
+
+    def _finish(self, now: int, m: Migration, failed: bool, failure: str = "") -> None:
         vmi = m.vmi
         source, target = m.source, m.target
-        assert source is not None and target is not None and m.target_pod is not None
+        assert source is not None
         self.running.remove(m)
         self.outbound[source.name] -= 1
-        m.phase, m.end, m.failed = ("Failed" if failed else "Succeeded"), now, failed
+        copying = m in self.copying[source.name]
+        if copying:
+            self.copying[source.name].remove(m)
+        m.phase, m.end, m.failed, m.failure = ("Failed" if failed else "Succeeded"), now, failed, failure
         self.finished.append(MigrationRun(
-            vm=vmi.name, cause="descheduler" if m.priority == PRIORITY_DESCHEDULER else "drain",
-            created=m.created, start=m.start if m.start is not None else now, end=now, source=source.name, target=target.name, failed=failed,
+            vm=vmi.name, cause=m.cause, created=m.created, start=m.start if m.start is not None else now, end=now,
+            source=source.name, target=target.name if target else "", failed=failed, failure=failure,
         ))
+        old = vmi.pod
         if failed:
-            self._delete_pod(m.target_pod)
+            vmi.failures_since_success += 1
+            if m.target_pod is not None:
+                self._delete_pod(m.target_pod)
         else:
-            old = vmi.pod
+            assert target is not None and m.target_pod is not None
+            vmi.failures_since_success = 0
             vmi.node, vmi.pod = target, m.target_pod
-            if old is not None:
-                self._delete_pod(old)  # the source pod completes and is gone
             if vmi.evacuation_node:
                 self.marked_on[vmi.evacuation_node] -= 1
             vmi.evacuation_node, vmi.from_descheduler = "", False
+            if old is not None:
+                self._delete_pod(old)  # the source pod completes and is gone
         self.publish_vmim(m)
         self.publish_vmi(vmi)
         self._retain(vmi)
         for listener in self.listeners:
             listener(m)
+        if copying:
+            self._reshare(source, now)
         if vmi.evacuation_node:  # still marked: the evacuation controller tries again
             self._create_vmim(vmi, now)
         self.try_start(now)
@@ -401,10 +537,14 @@ class KubeVirt:
 
     def running_runs(self) -> list[MigrationRun]:
         return [
-            MigrationRun(m.vmi.name, "descheduler" if m.priority == PRIORITY_DESCHEDULER else "drain", m.created,
-                         m.start if m.start is not None else 0, None, m.source.name if m.source else "", m.target.name if m.target else "", False)
+            MigrationRun(m.vmi.name, m.cause, m.created, m.start if m.start is not None else 0, None,
+                         m.source.name if m.source else "", m.target.name if m.target else "", False)
             for m in self.running
         ]
+
+    def leaving(self, node: str) -> int:
+        """VMs marked for evacuation from ``node``."""
+        return self.marked_on[node]
 
     def set_cordoned(self, node: Node, cordoned: bool, now: int) -> None:
         node.cordoned = cordoned
@@ -412,11 +552,17 @@ class KubeVirt:
         if not cordoned:
             self.try_start(now)
 
+    def set_no_schedule(self, node: Node, key: str, now: int) -> None:
+        node.no_schedule = key
+        self.publish_node(node)
+        if not key:
+            self.try_start(now)
+
 
 def _state(m: Migration) -> dict:
     state = {
         "migrationUid": m.uid,
-        "startTimestamp": ts(m.start),
+        "startTimestamp": ts(m.copy_start),
         "sourceNode": m.source.name if m.source else "",
         "targetNode": m.target.name if m.target else "",
         "targetPod": m.target_pod.name if m.target_pod else "",

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from app.sim.engine import RunData
 
-REPEAT_WINDOW = 3600  # a VM moved again within an hour of its previous move
-REBALANCE_BASELINE = 3600  # spread before a load step is averaged over this long
-REBALANCE_MARGIN = 1.2  # rebalanced: the max-min spread, averaged over a window, back within 120% of that
-REBALANCE_WINDOW = 900  # the window (15 minutes: one sample is too noisy to call a cluster balanced)
-EVACUATION_ACCEPTED = "kubevirt_evacuation"  # the answer that starts a migration: not a refusal
+REPEAT_WINDOW = 6 * 3600  # a VM moved again within 6 hours of its previous move
+ALERT_WINDOW, ALERT_COUNT = 24 * 3600, 12  # KubeVirtVMIExcessiveMigrations
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 1]); 0 for no values."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
-
-
-def mean(values: list[float]) -> float:
+def mean(values) -> float:
+    values = list(values)
     return sum(values) / len(values) if values else 0.0
 
 
@@ -39,75 +29,83 @@ def repeat_moves(runs, window: int = REPEAT_WINDOW) -> int:
     return count
 
 
-def time_to_rebalance(d: RunData, step: int) -> int | None:
-    """Seconds from a load step to the end of the first 15-minute window (wholly after
-    the step) whose mean max-min CPU spread is within 120% of the mean over the hour
-    before the step; None if that never happens in the run."""
-    times, spread = d.sample_times, d.cpu_range
-    before = [s for t, s in zip(times, spread) if step - REBALANCE_BASELINE <= t < step]
-    if not before:
+def alerting_vms(runs) -> int:
+    """VMs with 12 or more successful migrations within some 24 h."""
+    ends: dict[str, list[int]] = defaultdict(list)
+    for r in runs:
+        if r.end is not None and not r.failed:
+            ends[r.vm].append(r.end)
+    out = 0
+    for times in ends.values():
+        times.sort()
+        if any(times[i + ALERT_COUNT - 1] - times[i] <= ALERT_WINDOW for i in range(len(times) - ALERT_COUNT + 1)):
+            out += 1
+    return out
+
+
+def drain_seconds(d: RunData) -> int | None:
+    """Until the last drain of the run finished (the longest one); None without drains or
+    when one did not finish within the run."""
+    if not d.drains or any(dr.done is None for dr in d.drains):
         return None
-    limit = REBALANCE_MARGIN * mean(before)
-    after = [(t, s) for t, s in zip(times, spread) if t >= step]
-    per_window = max(1, REBALANCE_WINDOW // d.sample_interval)
-    total = 0.0
-    for i, (t, s) in enumerate(after):
-        total += s
-        if i >= per_window:
-            total -= after[i - per_window][1]
-        if i + 1 >= per_window and total / per_window <= limit:
-            return t - step
-    return None
+    return max(dr.done - dr.start for dr in d.drains)  # type: ignore[operator]
 
 
 def summarize(d: RunData) -> dict:
     runs = d.runs
     days = d.duration / 86400
-    failed = sum(1 for r in runs if r.failed)
-    refused = {k: v for k, v in sorted(d.descheduler_outcomes.items()) if k != EVACUATION_ACCEPTED}
-    pct = [100 * x for x in d.cpu_std]
-    rng = [100 * x for x in d.cpu_range]
+    per_vm = Counter(r.vm for r in runs)
     return {
-        "migrations": len(runs),
-        "migrations_per_vm_per_day": round(len(runs) / d.vm_count / days, 3) if days else 0.0,
-        "migrations_by_cause": dict(sorted(_count(r.cause for r in runs).items())),
-        "succeeded": sum(1 for r in runs if r.end is not None and not r.failed),
-        "failed": failed,
-        "still_running_at_end": sum(1 for r in runs if r.end is None),
-        "vms_migrated": len({r.vm for r in runs}),
-        "repeat_moves_within_1h": repeat_moves(runs),
+        "migrations_total": len(runs),
+        "migrations_descheduler": sum(1 for r in runs if r.cause == "descheduler"),
+        "migrations_per_vm_day_mean": round(len(runs) / d.vm_count / days, 3) if days else 0.0,
+        "migrations_per_vm_day_max": round(max(per_vm.values(), default=0) / days, 3) if days else 0.0,
+        "repeat_migrations_6h": repeat_moves(runs),
+        "spread_score": round(mean(d.score_std), 3),
+        "spread_cpu": round(100 * mean(d.cpu_std), 3),
+        "drain_seconds": drain_seconds(d),
+        "stall_seconds": d.stall_seconds,
+        "blocked_by_in_flight_seconds": d.blocked_seconds,
+        "max_leaving_per_node": d.max_leaving_per_node,
+        "failed_migrations": sum(1 for r in runs if r.failed),
+        "failures_by_kind": dict(sorted(Counter(r.failure for r in runs if r.failed).items())),
+        "evictions": {k: d.answers.get(k, 0) for k in ("allowed", "background", "error")},
+        "evictions_redirected": d.redirected,
+        "in_flight_lapsed": d.lapsed,
+        "in_flight_counted_without_request": d.cached_hits,
+        "vms_alerting_12_in_24h": alerting_vms(runs),
+        "vms_migrated": len(per_vm),
         "concurrent_descheduler_evacuations": d.concurrent_evacuations,
         "descheduler_cycles": d.descheduler_cycles,
         "descheduler_cycles_with_action": d.active_cycles,
-        "descheduler_eviction_requests": d.eviction_requests,
-        "descheduler_background_evictions": d.background_evictions,
-        "descheduler_refusals_by_reason": refused,
+        "descheduler_outcomes": dict(sorted(d.descheduler_outcomes.items())),
         "policy_calls": d.policy_calls,
-        "cpu_spread_std_pp": {"mean": round(mean(pct), 2), "p95": round(percentile(pct, 0.95), 2)},
-        "cpu_spread_range_pp": {"mean": round(mean(rng), 2), "p95": round(percentile(rng, 0.95), 2)},
-        "memory_spread_std_pp_mean": round(100 * mean(d.mem_std), 2),
-        "rebalance_after_step_s": [
-            {"step_at_s": s, "seconds": time_to_rebalance(d, s)} for s in d.step_times
-        ],
         "drains": [
-            {"node": dr.node, "start_s": dr.start, "seconds": None if dr.done is None else dr.done - dr.start,
-             "vms_at_start": dr.vms_at_start,
+            {"node": dr.node, "how": dr.how, "start_s": dr.start,
+             "seconds": None if dr.done is None else dr.done - dr.start, "vms_at_start": dr.vms_at_start,
              "answers": dict(sorted(dr.answers.items()))}
             for dr in d.drains
         ],
-        "migrations_per_hour": _per_hour(runs, d.duration),
     }
 
 
-def _count(items) -> dict:
-    out: dict = {}
-    for i in items:
-        out[i] = out.get(i, 0) + 1
-    return out
-
-
-def _per_hour(runs, duration: int) -> list[int]:
-    hours = [0] * max(1, -(-duration // 3600))
-    for r in runs:
-        hours[min(len(hours) - 1, r.start // 3600)] += 1
-    return hours
+def series(d: RunData, step: int = 600) -> dict:
+    """Time series for plots and CSV: migrations per hour by cause, spread every ``step``
+    seconds, and every migration (the per-VM timeline)."""
+    hours = max(1, -(-d.duration // 3600))
+    per_hour = {"descheduler": [0] * hours, "drain": [0] * hours}
+    for r in d.runs:
+        per_hour[r.cause][min(hours - 1, r.start // 3600)] += 1
+    every = max(1, step // d.sample_interval)
+    return {
+        "migrations_per_hour": per_hour,
+        "spread": [
+            {"t": t, "score_std": round(s, 2), "cpu_std": round(100 * c, 2)}
+            for t, s, c in list(zip(d.sample_times, d.score_std, d.cpu_std))[::every]
+        ],
+        "migrations": [
+            {"vm": r.vm, "cause": r.cause, "start": r.start, "end": r.end, "source": r.source, "target": r.target,
+             "failed": r.failed, "failure": r.failure}
+            for r in sorted(d.runs, key=lambda r: (r.start, r.vm))
+        ],
+    }

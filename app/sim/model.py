@@ -26,8 +26,8 @@ class Profile:
     def base(self, t: int) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def tick(self, rng: random.Random) -> None:
-        """Advance one sample (random walks draw here; others ignore it)."""
+    def tick(self, rng: random.Random, t: int) -> None:
+        """Advance one sample (random walks and spikes draw here; others ignore it)."""
 
     def value(self, t: int) -> float:
         level = None
@@ -65,7 +65,7 @@ class Walk(Profile):
         super().__init__(steps)
         self.x, self.sigma, self.lo, self.hi = start, sigma, lo, hi
 
-    def tick(self, rng: random.Random) -> None:
+    def tick(self, rng: random.Random, t: int) -> None:
         x = self.x + rng.gauss(0.0, self.sigma)
         if x < self.lo:
             x = 2 * self.lo - x
@@ -77,6 +77,36 @@ class Walk(Profile):
         return self.x
 
 
+class Spikes(Profile):
+    """A base level with hot spots: every ``every`` seconds (a range, drawn each time) the
+    VM turns hot with ``probability`` for ``duration`` seconds, optionally only within
+    the hours of the day [``hours_from``, ``hours_to``). Hot spots, random spikes and
+    batch windows of the reference authors' pilot are each one of these."""
+
+    def __init__(self, base: float, level: float, every: tuple[int, int], probability: float, duration: int,
+                 hours: tuple[float, float] | None = None, steps=()) -> None:
+        super().__init__(steps)
+        self.level_base, self.level = base, level
+        self.every, self.probability, self.duration, self.hours = every, probability, duration, hours
+        self.next_at: int | None = None
+        self.hot_until = -1
+
+    def tick(self, rng: random.Random, t: int) -> None:
+        if self.next_at is None:
+            self.next_at = t + rng.randint(0, self.every[1])
+        while t >= self.next_at:
+            in_hours = self.hours is None or self.hours[0] <= (self.next_at % 86400) / 3600 < self.hours[1]
+            if in_hours and rng.random() < self.probability:
+                self.hot_until = self.next_at + self.duration
+            self.next_at += rng.randint(self.every[0], self.every[1])
+
+    def base(self, t: int) -> float:
+        return self.level if t < self.hot_until else self.level_base
+
+
+TAINT_AUTOSCALER = "ToBeDeletedByClusterAutoscaler"
+
+
 @dataclass(slots=True)
 class Node:
     index: int
@@ -84,8 +114,10 @@ class Node:
     cpu: float  # cores
     memory: float  # GiB
     failure_probability: float | None = None  # overrides the cluster's for migrations *from* this node
+    network: float | None = None  # GiB/s of the node's NIC (None: the cluster's), shared by outbound migrations
     cordoned: bool = False
-    soft_tainted: bool = False  # PreferNoSchedule from the soft-tainter
+    no_schedule: str = ""  # a NoSchedule taint key (cluster-autoscaler's drain), "" for none
+    soft_taints: int = 0  # PreferNoSchedule taints from the soft-tainter (0, 1 or 2)
     # requests of the pods on the node (VM pods and migration target pods)
     req_cpu: float = 0.0
     req_mem: float = 0.0
@@ -101,3 +133,5 @@ class VM:
     dirty_rate: float  # GiB/s of guest memory written while running
     cpu_load: Profile = field(repr=False)
     memory_load: Profile = field(repr=False)
+    failure_probability: float | None = None  # overrides node and cluster: transient failures of its migrations
+    target_unschedulable: bool = False  # its target pod never schedules (affinity, devices): every attempt fails

@@ -1,13 +1,16 @@
-"""What a simulation tells a person: a table per scenario, the targets, JSON, plots.
+"""What a simulation tells a person: ``summary.json``, a Markdown table per scenario (mean and
+min-max over seeds, per mode), a plain comparison of the guard with each baseline, plots, CSV,
+and the README section.
 
-The table is Markdown, so the same text goes to the terminal and into the
-README. JSON holds every number (and nothing that varies between runs of the
-same seed, such as wall-clock time). Plots need matplotlib (the ``sim`` extra)
-and are skipped, with a note, when it is not installed.
+The same Markdown goes to the terminal and into the README. JSON holds every
+number and nothing that varies between runs of the same seed (no wall-clock
+time). Plots need matplotlib (the ``sim`` extra) and are skipped, with a note,
+when it is not installed.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -15,155 +18,198 @@ from pathlib import Path
 SIMPLIFICATIONS = (
     "Only virt-launcher pods of live-migratable VMs are modelled (no other pods); all VMs have equal priority, "
     "so the descheduler's candidate order on a node is a seeded shuffle.",
-    "Node utilisation follows the profile's rule (positive deviations of CPU use, memory use, CPU and memory "
-    "pressure from the workers' average, norm x 3, capped) but pressure is modelled, not measured: 0 up to "
-    "70% use, rising linearly to 1 at 130% demand.",
-    "Load is sampled every sampleInterval (60 s, Prometheus' avg1m); the descheduler reads the latest sample.",
-    "A migration takes setup + memory / (bandwidth - dirty rate) with a fixed bandwidth per migration (no shared "
-    "NIC), no post-copy or auto-converge; the completion timeout (150 s/GiB) and the no-progress timeout (150 s) "
-    "abort it. Random failures happen at a random point of the migration.",
-    "Targets: nodes whose memory requests fit, untainted first, then kube-scheduler's LeastAllocated on "
-    "requests (ties at random).",
-    "API calls, watches and controllers are instantaneous: the VMI mark and the pod's eviction-in-progress "
-    "annotation appear at once, and the guard's store is always current (its cache is never stale).",
-    "kubectl drain retries refused evictions every 5 s without a timeout; drained nodes leave the spread.",
-    "Time to rebalance: from a load step to the end of the first 15-minute window whose mean max-min CPU spread "
-    "is within 120% of that mode's mean over the hour before the step.",
-    "A restarted descheduler finds pods still annotated eviction-in-progress; the plugin rebuilds its history "
-    "from the Succeeded VMIMs KubeVirt keeps (5 per VMI).",
+    "Node score: the profile's rule (positive deviations of CPU use, memory use, CPU and memory pressure from the "
+    "workers' average, norm x 3, capped, truncated percent), but pressure is modelled, not measured: 0 up to 70% "
+    "use, rising linearly to 1 at 130% demand. Load is sampled every sampleInterval (60 s) and stands for the "
+    "1-minute average; the descheduler and the soft-tainter read the latest sample.",
+    "Migration: setup (target pod start, 10 s), then a fluid pre-copy model: the source NIC is split evenly among "
+    "the node's copying migrations; remaining memory falls at (share - dirty rate); when the dirty rate is not "
+    "below the share, only the first pass progresses, then the no-progress timeout (150 s) aborts it; the "
+    "completion timeout is 150 s x GiB from the copy start. No post-copy, auto-converge, target NIC limit or "
+    "migration network separate from the node NIC.",
+    "Transient failures: with the configured probability an attempt fails at a random point (10-100% of its "
+    "nominal copy time on an unshared NIC), if it is still copying then.",
+    "Targets: nodes with room for the memory request, not cordoned, without a NoSchedule taint; the fewest "
+    "soft-tainter taints first, then kube-scheduler's LeastAllocated on requests (lexicographic, not weighted "
+    "scores; ties at random).",
+    "API calls, watches and controllers are instantaneous, except that virt-controller sets the pod's "
+    "eviction-in-progress annotation one second after the mark (so the descheduler's assumed entry comes "
+    "first, as in a cluster). The guard's store is always current.",
+    "The descheduler's pod informer sees an update of a launcher pod only when its eviction-in-progress "
+    "annotation changes; other pod updates, which would re-add a lapsed entry as observed, are not modelled.",
+    "Drains: kubectl drain (cordon) retries refused evictions every 5 s, cluster-autoscaler (taint "
+    "ToBeDeletedByClusterAutoscaler, no cordon) every 10 s, both without giving up (the autoscaler's "
+    "max-pod-eviction-time is not modelled); drained nodes leave the spread.",
+    "The plugin model: filter and pre-eviction filter are one check; its history is fed by every migration that "
+    "reached migrationState (an attempt whose target never scheduled is not counted).",
+    "Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
+    "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
+    "cycle counts one interval.",
     "Time is whole seconds; object timestamps are truncated to the second, as the API server writes them.",
 )
 
-TARGETS = {
-    "cut_vs_off": 0.80,
-    "cut_vs_plugin": 0.30,
-    "spread_ratio": 1.2,
-}
+# (label, key, format) of the table's rows; a key with a dot reads evictions.X
+ROWS = (
+    ("migrations", "migrations_total", "{:.0f}"),
+    ("of which caused by the descheduler", "migrations_descheduler", "{:.0f}"),
+    ("migrations per VM per day, mean", "migrations_per_vm_day_mean", "{:.2f}"),
+    ("migrations per VM per day, max", "migrations_per_vm_day_max", "{:.1f}"),
+    ("same VM again within 6 h", "repeat_migrations_6h", "{:.0f}"),
+    ("VMs at KubeVirt's alert (12 in 24 h)", "vms_alerting_12_in_24h", "{:.1f}"),
+    ("spread: std of node score (points)", "spread_score", "{:.2f}"),
+    ("spread: std of node CPU (pp)", "spread_cpu", "{:.2f}"),
+    ("drain completion (s)", "drain_seconds", "{:.0f}"),
+    ("most VMs leaving one node at once (not drained)", "max_leaving_per_node", "{:.1f}"),
+    ("descheduler stalled by failing in-flight entries (s)", "stall_seconds", "{:.0f}"),
+    ("failed migrations", "failed_migrations", "{:.0f}"),
+    ("evictions sent: allowed", "evictions.allowed", "{:.0f}"),
+    ("evictions sent: background", "evictions.background", "{:.0f}"),
+    ("evictions sent: error (refused)", "evictions.error", "{:.0f}"),
+    ("evictions redirected to another pod", "evictions_redirected", "{:.0f}"),
+    ("in-flight entries lapsed", "in_flight_lapsed", "{:.0f}"),
+)
+LISTED = tuple(k for _, k, _ in ROWS if "." not in k) + ("blocked_by_in_flight_seconds", "in_flight_counted_without_request",
+                                                          "vms_migrated", "policy_calls")
 
 
-def _fmt_s(seconds) -> str:
-    if seconds is None:
-        return "not within run"
-    m, s = divmod(int(seconds), 60)
-    return f"{m}m{s:02d}s"
-
-
-def _hm(seconds: int) -> str:
-    h, rem = divmod(int(seconds), 3600)
-    return f"{h}h{rem // 60:02d}m" if rem else f"{h}h"
-
-
-def scenario_header(result: dict) -> str:
-    return (f"**{result['scenario']}** ({result['vms']} VMs on {result['nodes']} nodes, {result['hours']:g} h, "
-            f"seed {result['seed']}, descheduler every {_fmt_s(result['descheduler_interval_s'])})")
-
-
-def table(result: dict) -> str:
-    modes = list(result["modes"])
-    m = result["modes"]
-    rows: list[tuple[str, list[str]]] = []
-
-    def row(label: str, fn) -> None:
-        rows.append((label, [fn(m[k]) for k in modes]))
-
-    row("migrations (per VM per day)", lambda s: f"{s['migrations']} ({s['migrations_per_vm_per_day']:.2f})")
-    row("succeeded / failed", lambda s: f"{s['succeeded']} / {s['failed']}")
-    row("VMs moved at least once", lambda s: str(s["vms_migrated"]))
-    row("same VM moved again within 1 h", lambda s: str(s["repeat_moves_within_1h"]))
-    row("descheduler evacuations while another from that node pending",
-        lambda s: str(s["concurrent_descheduler_evacuations"]))
-    row("descheduler eviction requests / started in background",
-        lambda s: f"{s['descheduler_eviction_requests']} / {s['descheduler_background_evictions']}")
-    reasons = sorted({r for s in m.values() for r in s["descheduler_refusals_by_reason"]})
-    for r in reasons:
-        row(f"refused or skipped: {r}", lambda s, r=r: str(s["descheduler_refusals_by_reason"].get(r, 0)))
-    row("CPU spread std, mean / p95 (pp)", lambda s: f"{s['cpu_spread_std_pp']['mean']:.1f} / {s['cpu_spread_std_pp']['p95']:.1f}")
-    row("CPU spread max-min, mean / p95 (pp)",
-        lambda s: f"{s['cpu_spread_range_pp']['mean']:.1f} / {s['cpu_spread_range_pp']['p95']:.1f}")
-    for i, step in enumerate(result["modes"][modes[0]]["rebalance_after_step_s"]):
-        row(f"rebalanced after load step at {_hm(step['step_at_s'])}",
-            lambda s, i=i: _fmt_s(s["rebalance_after_step_s"][i]["seconds"]))
-    for i, drain in enumerate(result["modes"][modes[0]]["drains"]):
-        row(f"drain of {drain['node']} at {_hm(drain['start_s'])} took (VMs on it)",
-            lambda s, i=i: f"{_fmt_s(s['drains'][i]['seconds'])} ({s['drains'][i]['vms_at_start']})")
-    head = "| | " + " | ".join(modes) + " |\n|---|" + "---:|" * len(modes) + "\n"
-    return head + "".join(f"| {label} | " + " | ".join(vals) + " |\n" for label, vals in rows)
-
-
-def targets(result: dict) -> dict:
-    """The issue's targets, measured (only when off, plugin and guard all ran)."""
-    m = result["modes"]
-    if not all(k in m for k in ("off", "plugin", "guard")):
-        return {}
-    off, plugin, guard = m["off"], m["plugin"], m["guard"]
-
-    def cut(base: dict) -> float | None:
-        return None if base["migrations"] == 0 else round(1 - guard["migrations"] / base["migrations"], 3)
-
-    off_std = off["cpu_spread_std_pp"]["mean"]
-    drains = []
-    for g, o in zip(guard["drains"], off["drains"]):
-        drains.append({"node": g["node"], "guard_s": g["seconds"], "off_s": o["seconds"],
-                       "met": g["seconds"] is not None and (o["seconds"] is None or g["seconds"] <= o["seconds"])})
-    out = {
-        "cut_vs_off": cut(off),
-        "cut_vs_plugin": cut(plugin),
-        "guard_concurrent_evacuations": guard["concurrent_descheduler_evacuations"],
-        "spread_ratio": None if off_std == 0 else round(guard["cpu_spread_std_pp"]["mean"] / off_std, 3),
-        "drains": drains,
+def summary_json(scenario, seeds: list[int], modes: list[str], runs: dict, hours: float | None) -> dict:
+    """The issue's shape: every metric a list with one value per seed, in seed order."""
+    out_modes = {}
+    for m in modes:
+        per_seed = [runs[(s, m)][0] for s in seeds]
+        entry: dict = {k: [p[k] for p in per_seed] for k in LISTED}
+        entry["evictions"] = {a: [p["evictions"][a] for p in per_seed] for a in ("allowed", "background", "error")}
+        entry["failures_by_kind"] = [p["failures_by_kind"] for p in per_seed]
+        entry["drains"] = [p["drains"] for p in per_seed]
+        out_modes[m] = entry
+    return {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "hours": hours if hours is not None else scenario.hours,
+        "seeds": list(seeds),
+        "vms": len(scenario.vms),
+        "nodes": len(scenario.nodes),
+        "descheduler_interval_s": scenario.descheduler.interval,
+        "modes": out_modes,
+        "simplifications": list(SIMPLIFICATIONS),
     }
-    out["met"] = {
-        "cut_vs_off": out["cut_vs_off"] is not None and out["cut_vs_off"] >= TARGETS["cut_vs_off"],
-        "cut_vs_plugin": out["cut_vs_plugin"] is not None and out["cut_vs_plugin"] >= TARGETS["cut_vs_plugin"],
-        "no_concurrent_evacuations": out["guard_concurrent_evacuations"] == 0,
-        "spread_ratio": out["spread_ratio"] is not None and out["spread_ratio"] <= TARGETS["spread_ratio"],
-        "drains_no_slower": all(d["met"] for d in drains),
-    }
-    return out
 
 
-def targets_text(result: dict) -> str:
-    t = result.get("targets") or {}
-    if not t:
-        return ""
-    ok = t["met"]
-
-    def mark(flag: bool) -> str:
-        return "met" if flag else "MISSED"
-
-    def pct(x) -> str:
-        return "n/a" if x is None else f"{100 * x:.0f}%"
-
-    parts = [
-        f"guard cuts migrations by {pct(t['cut_vs_off'])} vs off (target >= 80%: {mark(ok['cut_vs_off'])})",
-        f"by {pct(t['cut_vs_plugin'])} vs plugin (>= 30%: {mark(ok['cut_vs_plugin'])})",
-        f"concurrent evacuations {t['guard_concurrent_evacuations']} (0: {mark(ok['no_concurrent_evacuations'])})",
-        f"spread {t['spread_ratio']}x off (<= 1.2x: {mark(ok['spread_ratio'])})",
-    ]
-    if t["drains"]:
-        parts.append("drains " + ", ".join(f"{_fmt_s(d['guard_s'])} vs off {_fmt_s(d['off_s'])}" for d in t["drains"])
-                     + f" (no slower: {mark(ok['drains_no_slower'])})")
-    return "Targets: " + "; ".join(parts) + "."
+def _values(entry: dict, key: str) -> list:
+    if "." in key:
+        a, b = key.split(".")
+        return entry[a][b]
+    return entry[key]
 
 
-def render(result: dict) -> str:
-    out = [scenario_header(result), "", table(result)]
-    t = targets_text(result)
-    if t:
-        out += [t, ""]
+def cell(values: list, fmt: str) -> str:
+    if any(v is None for v in values):
+        done = [v for v in values if v is not None]
+        return "not finished" if not done else f"{fmt.format(sum(done) / len(done))} ({len(values) - len(done)} unfinished)"
+    mean = sum(values) / len(values)
+    if len(values) == 1 or min(values) == max(values):
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def table(summary: dict) -> str:
+    modes = list(summary["modes"])
+    m = summary["modes"]
+    head = "| | " + " | ".join(f"`{x}`" for x in modes) + " |\n|---|" + "---:|" * len(modes) + "\n"
+    lines = []
+    for label, key, fmt in ROWS:
+        vals = [_values(m[x], key) for x in modes]
+        if key == "drain_seconds" and all(v is None for vs in vals for v in vs):
+            continue
+        lines.append(f"| {label} | " + " | ".join(cell(v, fmt) for v in vals) + " |\n")
+    return head + "".join(lines)
+
+
+def _mean(entry: dict, key: str) -> float | None:
+    vals = [v for v in _values(entry, key) if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _change(new: float | None, old: float | None) -> str:
+    if new is None or old is None:
+        return "n/a"
+    if old == 0:
+        return "same (0)" if new == 0 else f"{new:.0f} vs 0"
+    pct = 100 * (new - old) / old
+    return f"{pct:+.0f}%"
+
+
+def comparison(summary: dict) -> str:
+    """Each guard mode against its own baseline and against node-limit-1, in plain numbers."""
+    m = summary["modes"]
+    lines = []
+    for mode in m:
+        if "+" not in mode:
+            continue
+        g = m[mode]
+        bases = [b for b in (mode.split("+")[0], "node-limit-1") if b in m]
+        for b in dict.fromkeys(bases):
+            o = m[b]
+            parts = [
+                f"migrations {_change(_mean(g, 'migrations_total'), _mean(o, 'migrations_total'))}",
+                f"repeats within 6 h {_change(_mean(g, 'repeat_migrations_6h'), _mean(o, 'repeat_migrations_6h'))}",
+                f"max per VM per day {_change(_mean(g, 'migrations_per_vm_day_max'), _mean(o, 'migrations_per_vm_day_max'))}",
+                f"score spread {_change(_mean(g, 'spread_score'), _mean(o, 'spread_score'))}",
+                f"CPU spread {_change(_mean(g, 'spread_cpu'), _mean(o, 'spread_cpu'))}",
+                f"stall {_change(_mean(g, 'stall_seconds'), _mean(o, 'stall_seconds'))}",
+            ]
+            if _mean(o, "drain_seconds") is not None or _mean(g, "drain_seconds") is not None:
+                parts.append(f"drain time {_change(_mean(g, 'drain_seconds'), _mean(o, 'drain_seconds'))}")
+            lines.append(f"- `{mode}` vs `{b}`: " + ", ".join(parts) + ".")
+    return "\n".join(lines)
+
+
+def header(summary: dict) -> str:
+    seeds = summary["seeds"]
+    seed_text = f"seeds {seeds[0]}–{seeds[-1]}" if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)) \
+        else "seed" + ("s " if len(seeds) > 1 else " ") + ", ".join(map(str, seeds))
+    return (f"**{summary['scenario']}** ({summary['vms']} VMs on {summary['nodes']} nodes, {summary['hours']:g} h, "
+            f"descheduler every {summary['descheduler_interval_s']} s, {seed_text}; mean (min–max) over seeds)")
+
+
+def render(summary: dict) -> str:
+    out = [header(summary), "", table(summary)]
+    c = comparison(summary)
+    if c:
+        out += [c, ""]
     return "\n".join(out)
 
 
-def write_json(result: dict, out_dir: Path) -> Path:
+def write_summary(summary: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{result['scenario']}.json"
-    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return path
 
 
-def write_plots(result: dict, runs: dict, out_dir: Path) -> list[Path] | None:
-    """Utilisation per node over time (one panel per mode) and migrations per hour per
-    mode; None when matplotlib is not installed."""
+def write_csv(runs: dict, out_dir: Path) -> list[Path]:
+    """The time series of every run: spread every 10 minutes, and every migration."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spread, migrations = out_dir / "spread.csv", out_dir / "migrations.csv"
+    with spread.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["mode", "seed", "t_seconds", "score_std", "cpu_std_pp"])
+        for (seed, mode), (_, series, _) in sorted(runs.items()):
+            for p in series["spread"]:
+                w.writerow([mode, seed, p["t"], p["score_std"], p["cpu_std"]])
+    with migrations.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["mode", "seed", "vm", "cause", "start_s", "end_s", "source", "target", "failed", "failure"])
+        for (seed, mode), (_, series, _) in sorted(runs.items()):
+            for r in series["migrations"]:
+                w.writerow([mode, seed, r["vm"], r["cause"], r["start"], "" if r["end"] is None else r["end"],
+                            r["source"], r["target"], r["failed"], r["failure"]])
+    return [spread, migrations]
+
+
+def write_plots(summary: dict, runs: dict, seed: int, modes: list[str], out_dir: Path) -> list[Path] | None:
+    """Migrations per hour, spread over time, and a per-VM migration timeline (one seed);
+    None when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -172,59 +218,79 @@ def write_plots(result: dict, runs: dict, out_dir: Path) -> list[Path] | None:
     except ImportError:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = result["scenario"]
-    modes = list(runs)
-    fig, axes = plt.subplots(len(modes), 1, figsize=(11, 2.6 * len(modes)), sharex=True, sharey=True, squeeze=False)
-    for ax, mode in zip(axes[:, 0], modes):
-        d = runs[mode]
-        hours = [t / 3600 for t in d.sample_times]
-        for node, series in zip(d.node_names, d.node_cpu):
-            ax.plot(hours, [100 * u for u in series], linewidth=0.6)
-        ax.set_title(f"{name}: CPU utilisation per node, {mode}", fontsize=9)
-        ax.set_ylabel("% of node CPU")
-    axes[-1, 0].set_xlabel("simulated hours")
-    fig.tight_layout()
-    util = out_dir / f"{name}-utilisation.png"
-    fig.savefig(util, dpi=90)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(11, 3.2))
+    name = summary["scenario"]
+    paths = []
+    fig, ax = plt.subplots(figsize=(11, 3.4))
     for mode in modes:
-        per_hour = result["modes"][mode]["migrations_per_hour"]
-        ax.step(range(len(per_hour)), per_hour, where="post", label=mode)
-    ax.set_title(f"{name}: migrations started per hour", fontsize=9)
+        per_hour = runs[(seed, mode)][1]["migrations_per_hour"]
+        total = [a + b for a, b in zip(per_hour["descheduler"], per_hour["drain"])]
+        ax.step(range(len(total)), total, where="post", label=mode)
+    ax.set_title(f"{name} (seed {seed}): migrations started per hour", fontsize=9)
     ax.set_xlabel("simulated hours")
     ax.set_ylabel("migrations")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    mig = out_dir / f"{name}-migrations.png"
-    fig.savefig(mig, dpi=90)
+    paths.append(out_dir / f"{name}-migrations-per-hour.png")
+    fig.savefig(paths[-1], dpi=90)
     plt.close(fig)
-    return [util, mig]
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    for mode in modes:
+        pts = runs[(seed, mode)][1]["spread"]
+        ax.plot([p["t"] / 3600 for p in pts], [p["score_std"] for p in pts], linewidth=0.9, label=mode)
+    ax.set_title(f"{name} (seed {seed}): spread, std of node score across schedulable nodes", fontsize=9)
+    ax.set_xlabel("simulated hours")
+    ax.set_ylabel("score points")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / f"{name}-spread.png")
+    fig.savefig(paths[-1], dpi=90)
+    plt.close(fig)
+    fig, axes = plt.subplots(len(modes), 1, figsize=(11, 2.2 * len(modes)), sharex=True, squeeze=False)
+    for ax, mode in zip(axes[:, 0], modes):
+        migrations = runs[(seed, mode)][1]["migrations"]
+        vms = sorted({r["vm"] for r in migrations})
+        row = {vm: i for i, vm in enumerate(vms)}
+        for r in migrations:  # a tick at the start, a bar for the duration (most are too short to see)
+            end = r["end"] if r["end"] is not None else summary["hours"] * 3600
+            colour = "tab:red" if r["failed"] else ("tab:blue" if r["cause"] == "descheduler" else "tab:green")
+            ax.plot([r["start"] / 3600, end / 3600], [row[r["vm"]]] * 2, color=colour, linewidth=1.5,
+                    solid_capstyle="butt")
+            ax.plot([r["start"] / 3600], [row[r["vm"]]], marker="|", color=colour, markersize=4)
+        ax.set_title(f"{mode}: each row a VM that migrated (blue descheduler, green drain, red failed)", fontsize=8)
+        ax.set_ylabel("VM")
+        ax.set_yticks([])
+    axes[-1, 0].set_xlabel("simulated hours")
+    fig.tight_layout()
+    paths.append(out_dir / f"{name}-timeline.png")
+    fig.savefig(paths[-1], dpi=80)
+    plt.close(fig)
+    return paths
 
 
 BEGIN, END = "<!-- simulate:begin -->", "<!-- simulate:end -->"
 HEADING = "## What the guard does to a cluster"
 
 
-def readme_section(results: list[dict], command: str) -> str:
+def readme_section(summaries: list[dict], command: str) -> str:
     body = [
         BEGIN,
-        "Regenerate with `make simulate` (deterministic: same seed, same numbers), which runs",
+        "Regenerated by `make simulate` (deterministic: same seeds, same numbers), which runs",
         "",
         f"    {command}",
         "",
-        "Each scenario runs the same workload",
-        "three times: `off` (descheduler and KubeVirt alone), `plugin` (the reference KubevirtMigrationAware",
-        "evictor plugin, re-implemented), `guard` (this project's policy code, default settings unless the scenario",
-        "sets them). Spread is the standard deviation (and max - min) of CPU utilisation across schedulable nodes,",
-        "in percentage points, sampled every minute.",
+        "Every mode runs the same descheduler on the same workload; only the protection layer differs:",
+        "`upstream` (upstream descheduler, background evictions, limits 2/5, no KubeVirt plugin),",
+        "`profile` (upstream plus the KubevirtMigrationAware plugin: OpenShift's KubeVirtRelieveAndMigrate as",
+        "shipped), `node-limit-1` (upstream with `evictionLimits.node: 1`), and the guard (this project's policy",
+        "code, default settings) in front of `upstream` and of `profile`. Cells are the mean over seeds, with",
+        "min–max in brackets. Spread is time-weighted (sampled every minute) over schedulable nodes.",
         "",
     ]
-    for r in results:
-        body += [render(r), ""]
-        if r.get("description"):
-            body += [f"*{r['scenario']}*: {r['description']}", ""]
-    body += ["Simplifications of the model:", ""] + [f"- {s}" for s in SIMPLIFICATIONS] + [END]
+    for s in summaries:
+        body += [render(s), ""]
+        if s.get("description"):
+            body += [f"*{s['scenario']}*: {s['description']}", ""]
+    body += ["Simplifications of the model:", ""] + [f"- {x}" for x in SIMPLIFICATIONS] + [END]
     return "\n".join(body)
 
 

@@ -1,61 +1,115 @@
-"""``kubevirt-eviction-guard simulate``: run scenarios in each mode, print and save the comparison."""
+"""``kubevirt-eviction-guard simulate``: scenarios x modes x seeds in worker processes, then the
+comparison as a Markdown table, ``summary.json``, plots and (optionally) CSV time series."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from app.sim.engine import RunData, simulate
-from app.sim.guards import MODES
-from app.sim.metrics import summarize
-from app.sim.report import SIMPLIFICATIONS, readme_section, render, targets, update_readme, write_json, write_plots
-from app.sim.scenario import Scenario, ScenarioError, load_scenario
+from app.sim.engine import simulate
+from app.sim.guards import MODES, parse_mode
+from app.sim.metrics import series, summarize
+from app.sim.report import (
+    SIMPLIFICATIONS,
+    readme_section,
+    render,
+    summary_json,
+    update_readme,
+    write_csv,
+    write_plots,
+    write_summary,
+)
+from app.sim.scenario import ScenarioError, parse_scenario, read_scenario, scenario_with_seed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", action="append", required=True, metavar="FILE",
                    help="scenario YAML (examples/scenarios/); repeat for several")
+    p.add_argument("--seeds", metavar="LIST", help="seeds, e.g. 1-10 or 1,4,7 (default: the scenario's seed)")
+    p.add_argument("--seed", type=int, help=argparse.SUPPRESS)  # older spelling of --seeds N
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {','.join(MODES)} (off = upstream)")
     p.add_argument("--hours", type=float, help="simulated hours (default: the scenario's)")
-    p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
-    p.add_argument("--out", metavar="DIR", help="write SCENARIO.json (and PNG plots with matplotlib) here")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of off,plugin,guard")
+    p.add_argument("--out", metavar="DIR", help="write summary.json, PNG plots (with matplotlib) and CSV here")
+    p.add_argument("--format", choices=("json", "csv"), default="json", help="csv: also write the time series")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
+    p.add_argument("--guard-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a guard setting (design.md name) for the guard modes; repeatable")
+    p.add_argument("--snapshot", metavar="DUMP",
+                   help="start from a cluster dump (kubectl get vmi,vmim,pods,nodes -A -o yaml); load from the scenario")
     p.add_argument("--readme", metavar="FILE", help="write the comparison into this README between its markers")
 
 
 def parse_modes(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if not modes or bad:
-        raise ScenarioError(f"--modes: expected a comma-separated subset of {','.join(MODES)}, got {text!r}")
-    return list(dict.fromkeys(modes))
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not modes:
+        raise ScenarioError("--modes: empty")
+    for m in modes:
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            raise ScenarioError(f"--modes: {e}") from None
+    return modes
 
 
-def run_scenario(scenario: Scenario, modes: list[str], hours: float | None = None) -> tuple[dict, dict[str, RunData], dict]:
-    """(result for JSON, raw runs per mode, wall seconds per mode)."""
-    runs: dict[str, RunData] = {}
-    wall: dict[str, float] = {}
-    for mode in modes:
-        t0 = time.perf_counter()
-        runs[mode] = simulate(scenario, mode, hours)
-        wall[mode] = time.perf_counter() - t0
-    first = next(iter(runs.values()))
-    result = {
-        "scenario": scenario.name,
-        "description": scenario.description,
-        "seed": scenario.seed,
-        "hours": first.duration / 3600,
-        "vms": len(scenario.vms),
-        "nodes": len(scenario.nodes),
-        "descheduler_interval_s": scenario.descheduler.interval,
-        "modes": {mode: summarize(d) for mode, d in runs.items()},
-        "simplifications": list(SIMPLIFICATIONS),
-    }
-    result["targets"] = targets(result)
-    return result, runs, wall
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo or hi - lo > 10_000:
+                    raise ValueError
+                seeds.extend(range(lo, hi + 1))
+            elif part:
+                seeds.append(int(part))
+    except ValueError:
+        raise ScenarioError(f"--seeds: expected e.g. 1-10 or 1,4,7, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise ScenarioError(f"--seeds: expected e.g. 1-10 or 1,4,7, got {text!r}")
+    return list(dict.fromkeys(seeds))
+
+
+def parse_guard_set(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError(f"--guard-set: expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _scenario(data: Any, source: str, seed: int | None, snapshot: str | None):
+    sc = scenario_with_seed(data, source, seed)
+    if snapshot:
+        from app.sim.snapshot import apply_snapshot
+
+        sc = apply_snapshot(sc, snapshot)
+    return sc
+
+
+def run_one(task: tuple) -> tuple[dict, dict, float]:
+    """One mode, one seed (runs in a worker process): (summary, time series, wall seconds)."""
+    data, source, seed, mode, hours, guard_overrides, snapshot = task
+    sc = _scenario(data, source, seed, snapshot)
+    t0 = time.perf_counter()
+    d = simulate(sc, mode, hours, guard_overrides)
+    wall = time.perf_counter() - t0
+    return summarize(d), series(d), wall
+
+
+def run_matrix(tasks: list[tuple], jobs: int) -> list[tuple[dict, dict, float]]:
+    if jobs <= 1 or len(tasks) <= 1:
+        return [run_one(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(run_one, tasks, chunksize=1))
 
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -64,29 +118,67 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
         modes = parse_modes(args.modes)
         if args.hours is not None and args.hours <= 0:
             raise ScenarioError("--hours: must be positive")
-        scenarios = [load_scenario(path, seed=args.seed) for path in args.scenario]
+        if args.jobs < 1:
+            raise ScenarioError("--jobs: must be at least 1")
+        guard_overrides = parse_guard_set(args.guard_set)
+        sources = [(read_scenario(p), p) for p in args.scenario]
+        plans = []
+        for data, path in sources:
+            base = parse_scenario(data, path)  # validates the file once, here
+            if args.seeds:
+                seeds = parse_seeds(args.seeds)
+            else:
+                seeds = [args.seed if args.seed is not None else base.seed]
+            probe = _scenario(data, path, seeds[0], args.snapshot)
+            for m in modes:  # a bad --guard-set or guard block stops here, not in a worker
+                spec = parse_mode(m)
+                if spec.guard is not None:
+                    from app.sim.guards import guard_settings_for
+                    from app.sim.scenario import guard_settings
+
+                    guard_settings(guard_settings_for(spec, probe.guard_raw, guard_overrides), "--guard-set")
+            plans.append((data, path, probe, seeds))
     except ScenarioError as e:
         print(f"kubevirt-eviction-guard simulate: {e}", file=sys.stderr)
         return 2
-    results = []
-    for sc in scenarios:
-        result, runs, wall = run_scenario(sc, modes, args.hours)
-        results.append(result)
-        out.write(render(result) + "\n")
-        out.write("wall time: " + ", ".join(f"{m} {s:.1f}s" for m, s in wall.items()) + "\n\n")
+    tasks, index = [], []
+    for data, path, probe, seeds in plans:
+        for seed in seeds:
+            for m in modes:
+                tasks.append((data, path, seed, m, args.hours, guard_overrides, args.snapshot))
+                index.append((probe.name, seed, m))
+    t0 = time.perf_counter()
+    results = run_matrix(tasks, args.jobs)
+    total_wall = time.perf_counter() - t0
+    summaries = []
+    for data, path, probe, seeds in plans:
+        runs = {(s, m): r for (name, s, m), r in zip(index, results) if name == probe.name}
+        summary = summary_json(probe, seeds, modes, runs, args.hours)
+        summaries.append(summary)
+        out.write(render(summary) + "\n")
+        walls = [runs[(s, m)][2] for s in seeds for m in modes]
+        out.write(f"wall time per run: mean {sum(walls) / len(walls):.1f}s, max {max(walls):.1f}s\n\n")
         if args.out:
-            out_dir = Path(args.out)
-            path = write_json(result, out_dir)
-            plots = write_plots(result, runs, out_dir)
-            written = [str(path)] + [str(p) for p in plots or []]
-            out.write("wrote " + ", ".join(written) + ("" if plots is not None else
+            out_dir = Path(args.out) if len(plans) == 1 else Path(args.out) / probe.name
+            written = [write_summary(summary, out_dir)]
+            plots = write_plots(summary, runs, seeds[0], modes, out_dir)
+            written += plots or []
+            if args.format == "csv":
+                written += write_csv(runs, out_dir)
+            out.write("wrote " + ", ".join(str(p) for p in written) + ("" if plots is not None else
                       " (no plots: install the 'sim' extra for matplotlib)") + "\n\n")
+    out.write(f"{len(tasks)} runs in {total_wall:.1f}s wall with {args.jobs} worker(s)\n")
     out.write("Simplifications:\n" + "".join(f"- {s}\n" for s in SIMPLIFICATIONS))
     if args.readme:
-        command = "kubevirt-eviction-guard simulate " + " ".join(
-            f"--scenario {shlex.quote(p)}" for p in args.scenario
-        ) + (f" --hours {args.hours:g}" if args.hours else "") + (f" --seed {args.seed}" if args.seed is not None else "") + (
-            f" --out {shlex.quote(args.out)}" if args.out else "")
-        update_readme(Path(args.readme), readme_section(results, command))
+        command = "kubevirt-eviction-guard simulate " + " ".join(f"--scenario {shlex.quote(p)}" for p in args.scenario)
+        if args.seeds:
+            command += f" --seeds {args.seeds}"
+        if args.modes != ",".join(MODES):
+            command += f" --modes {args.modes}"
+        if args.hours:
+            command += f" --hours {args.hours:g}"
+        if args.out:
+            command += f" --out {shlex.quote(args.out)}"
+        update_readme(Path(args.readme), readme_section(summaries, command))
         out.write(f"updated {args.readme}\n")
     return 0

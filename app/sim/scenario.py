@@ -17,11 +17,14 @@ from typing import Any
 
 from app.config import SETTING_NAMES, SettingsError, build_settings, read_yaml_file
 from app.policy.model import PolicySettings
-from app.sim.model import VM, Node, Profile, Steady, Walk, Wave
+from app.sim.model import VM, Node, Profile, Spikes, Steady, Walk, Wave
 from app.timefmt import parse_duration
 
 PLUGIN_NAMES = ("migrationCooldown", "maxMigrationCooldown", "migrationHistoryWindow")
 EVENT_KINDS = ("drain", "deschedulerRestart")
+DRAIN_KINDS = ("cordon", "autoscaler")
+# drains: kubectl drain (cordon, evict) or cluster-autoscaler (taint ToBeDeletedByClusterAutoscaler, evict)
+GIB_PER_GBIT = 1e9 / 8 / 2**30
 
 
 class ScenarioError(ValueError):
@@ -32,9 +35,10 @@ class ScenarioError(ValueError):
 class KubeVirtSettings:
     parallel_migrations_per_cluster: int = 5
     parallel_outbound_migrations_per_node: int = 2
-    bandwidth: float = 0.5  # GiB/s per migration
+    network: float = 10 * GIB_PER_GBIT  # GiB/s of a node's NIC, shared by its outbound migrations
     completion_timeout_per_gib: float = 150.0
     progress_timeout: float = 150.0
+    unschedulable_timeout: int = 300  # a target pod that cannot schedule fails the VMIM
     setup_seconds: int = 10  # target pod scheduling and start before copying begins
     failure_probability: float = 0.0
     migration_cpu_overhead: float = 1.0  # cores used on each end while a migration runs
@@ -45,8 +49,9 @@ class KubeVirtSettings:
 
 @dataclass(frozen=True)
 class DeschedulerSettings:
-    interval: int = 3600
+    interval: int = 60  # virt-platform-autopilot's value
     first_run: int = 300
+    soft_tainter_interval: int = 60
     low: float = 0.0
     high: float = 10.0
     eviction_limit_node: int = 2  # evictionLimits.node: pods taken from each overutilised node
@@ -62,6 +67,7 @@ class Event:
     kind: str
     node: str = ""
     uncordon_after: int = 0  # 0: stays cordoned
+    how: str = "cordon"  # drains: cordon (kubectl drain) or autoscaler (ToBeDeletedByClusterAutoscaler taint)
 
 
 @dataclass
@@ -76,9 +82,12 @@ class Scenario:
     descheduler: DeschedulerSettings
     plugin: PolicySettings
     guard: PolicySettings
+    guard_raw: dict = field(default_factory=dict)  # the scenario's guard block as written (CLI overrides merge in)
     events: list[Event] = field(default_factory=list)
     sample_interval: int = 60
-    step_times: list[int] = field(default_factory=list)  # times of load steps, for time-to-rebalance
+    step_times: list[int] = field(default_factory=list)  # times of load steps
+    placement: list[int] | None = None  # node index per VM (from a snapshot); None: the scheduler places them
+    history_hook: Any = None  # called with the KubeVirt model before the run (a snapshot's recent migrations)
 
     @property
     def duration(self) -> int:
@@ -171,7 +180,24 @@ def _profile(ctx: _Ctx, raw: Any, key: str, rng: random.Random) -> Profile:
         start = d.get("start", "random")
         x = lo + (hi - lo) * rng.random() if start == "random" else ctx.number(start, f"{key}.start", lo, hi)
         return Walk(x, ctx.number(d.get("sigma", 0.02), f"{key}.sigma", 0, 1), lo, hi, steps)
-    raise ctx.fail(f"{key}.profile", f"must be steady, wave or walk, got {kind!r}")
+    if kind == "spikes":
+        ctx.known(d, key, ("profile", "base", "level", "every", "probability", "duration", "hours", "steps"))
+        every_raw = d.get("every", "15m")
+        every = every_raw if isinstance(every_raw, list) else [every_raw, every_raw]
+        if len(every) != 2:
+            raise ctx.fail(f"{key}.every", "a duration or [min, max]")
+        lo_e, hi_e = (ctx.seconds(e, f"{key}.every", minimum=1) for e in every)
+        hours = d.get("hours")
+        if hours is not None and (not isinstance(hours, list) or len(hours) != 2):
+            raise ctx.fail(f"{key}.hours", "expected [from, to] hours of the day")
+        return Spikes(
+            ctx.number(d.get("base", 0.1), f"{key}.base", 0, 1), ctx.number(d.get("level", 0.9), f"{key}.level", 0, 1),
+            (lo_e, max(lo_e, hi_e)), ctx.number(d.get("probability", 0.1), f"{key}.probability", 0, 1),
+            ctx.seconds(d.get("duration", "5m"), f"{key}.duration", minimum=1),
+            None if hours is None else (ctx.number(hours[0], f"{key}.hours", 0, 24), ctx.number(hours[1], f"{key}.hours", 0, 24)),
+            steps,
+        )
+    raise ctx.fail(f"{key}.profile", f"must be steady, wave, walk or spikes, got {kind!r}")
 
 
 def _nodes(ctx: _Ctx, raw: Any) -> list[Node]:
@@ -181,7 +207,7 @@ def _nodes(ctx: _Ctx, raw: Any) -> list[Node]:
     for i, g in enumerate(raw):
         key = f"nodes[{i}]"
         g = ctx.mapping(g, key)
-        ctx.known(g, key, ("name", "count", "cpu", "memoryGiB", "migrationFailureProbability"))
+        ctx.known(g, key, ("name", "count", "cpu", "memoryGiB", "migrationFailureProbability", "networkGbps"))
         if not isinstance(g.get("name"), str):
             raise ctx.fail(f"{key}.name", "required")
         count = ctx.integer(g["count"], f"{key}.count", 1) if "count" in g else None
@@ -192,6 +218,8 @@ def _nodes(ctx: _Ctx, raw: Any) -> list[Node]:
                 cpu=ctx.number(g.get("cpu", 64), f"{key}.cpu", 1),
                 memory=ctx.number(g.get("memoryGiB", 256), f"{key}.memoryGiB", 1),
                 failure_probability=None if fp is None else ctx.number(fp, f"{key}.migrationFailureProbability", 0, 1),
+                network=None if "networkGbps" not in g else
+                ctx.number(g["networkGbps"], f"{key}.networkGbps", 0.01) * GIB_PER_GBIT,
             ))
     if len({n.name for n in nodes}) != len(nodes):
         raise ctx.fail("nodes", "node names are not unique")
@@ -207,7 +235,8 @@ def _vms(ctx: _Ctx, raw: Any, rng: random.Random) -> list[VM]:
     for i, g in enumerate(raw):
         key = f"vms[{i}]"
         g = ctx.mapping(g, key)
-        ctx.known(g, key, ("name", "count", "cpu", "memoryGiB", "dirtyRateMiBps", "cpuLoad", "memoryLoad"))
+        ctx.known(g, key, ("name", "count", "cpu", "memoryGiB", "dirtyRateMiBps", "dirtyRateMbps", "cpuLoad",
+                           "memoryLoad", "migrationFailureProbability", "targetUnschedulable"))
         if not isinstance(g.get("name"), str):
             raise ctx.fail(f"{key}.name", "required")
         count = ctx.integer(g["count"], f"{key}.count", 1) if "count" in g else None
@@ -216,13 +245,32 @@ def _vms(ctx: _Ctx, raw: Any, rng: random.Random) -> list[VM]:
                 index=len(vms), name=name, group=g["name"],
                 vcpus=ctx.number(g.get("cpu", 4), f"{key}.cpu", 0.1),
                 memory=ctx.number(g.get("memoryGiB", 8), f"{key}.memoryGiB", 0.1),
-                dirty_rate=ctx.number(g.get("dirtyRateMiBps", 50), f"{key}.dirtyRateMiBps", 0) / 1024,
+                dirty_rate=_dirty_rate(ctx, g, key, rng),
                 cpu_load=_profile(ctx, g.get("cpuLoad", 0.5), f"{key}.cpuLoad", rng),
                 memory_load=_profile(ctx, g.get("memoryLoad", 0.5), f"{key}.memoryLoad", rng),
+                failure_probability=None if "migrationFailureProbability" not in g else
+                ctx.number(g["migrationFailureProbability"], f"{key}.migrationFailureProbability", 0, 1),
+                target_unschedulable=bool(g.get("targetUnschedulable", False)),
             ))
     if len({v.name for v in vms}) != len(vms):
         raise ctx.fail("vms", "VM names are not unique")
     return vms
+
+
+def _dirty_rate(ctx: _Ctx, g: dict, key: str, rng: random.Random) -> float:
+    """GiB/s. ``dirtyRateMiBps`` or ``dirtyRateMbps`` (megabits, as the pilot's figures), a
+    number or [min, max] drawn per VM."""
+    if "dirtyRateMbps" in g:
+        name, scale = "dirtyRateMbps", 1e6 / 8 / 2**30
+    else:
+        name, scale = "dirtyRateMiBps", 1 / 1024
+    raw = g.get(name, 50)
+    if isinstance(raw, list):
+        if len(raw) != 2:
+            raise ctx.fail(f"{key}.{name}", "a number or [min, max]")
+        lo, hi = (ctx.number(x, f"{key}.{name}", 0) for x in raw)
+        return rng.uniform(lo, max(lo, hi)) * scale
+    return ctx.number(raw, f"{key}.{name}", 0) * scale
 
 
 def _kubevirt(ctx: _Ctx, raw: Any) -> KubeVirtSettings:
@@ -230,9 +278,10 @@ def _kubevirt(ctx: _Ctx, raw: Any) -> KubeVirtSettings:
     names = {
         "parallelMigrationsPerCluster": ("parallel_migrations_per_cluster", "int"),
         "parallelOutboundMigrationsPerNode": ("parallel_outbound_migrations_per_node", "int"),
-        "bandwidthGiBps": ("bandwidth", "num"),
+        "networkGbps": ("network", "gbps"),
         "completionTimeoutPerGiB": ("completion_timeout_per_gib", "dur"),
         "progressTimeout": ("progress_timeout", "dur"),
+        "unschedulableTimeout": ("unschedulable_timeout", "dur"),
         "migrationSetup": ("setup_seconds", "dur"),
         "migrationFailureProbability": ("failure_probability", "prob"),
         "migrationCpuOverhead": ("migration_cpu_overhead", "num"),
@@ -248,20 +297,24 @@ def _kubevirt(ctx: _Ctx, raw: Any) -> KubeVirtSettings:
             kwargs[attr] = ctx.integer(d[name], key, 1)
         elif kind == "dur":
             kwargs[attr] = ctx.seconds(d[name], key)
+        elif kind == "gbps":
+            kwargs[attr] = ctx.number(d[name], key, 0.01) * GIB_PER_GBIT
         elif kind == "prob":
             kwargs[attr] = ctx.number(d[name], key, 0, 1)
         else:
-            kwargs[attr] = ctx.number(d[name], key, 0.001 if attr == "bandwidth" else 0)
+            kwargs[attr] = ctx.number(d[name], key, 0)
     return KubeVirtSettings(**kwargs)
 
 
 def _descheduler(ctx: _Ctx, raw: Any) -> DeschedulerSettings:
     d = ctx.mapping(raw, "descheduler")
-    ctx.known(d, "descheduler", ("interval", "firstRun", "deviationThresholds", "evictionLimitsNode",
-                                 "maxNoOfPodsToEvictPerNode", "maxNoOfPodsToEvictTotal"))
+    ctx.known(d, "descheduler", ("interval", "firstRun", "softTainterInterval", "deviationThresholds",
+                                 "evictionLimitsNode", "maxNoOfPodsToEvictPerNode", "maxNoOfPodsToEvictTotal"))
     kwargs: dict[str, Any] = {}
     if "interval" in d:
         kwargs["interval"] = ctx.seconds(d["interval"], "descheduler.interval", minimum=1)
+    if "softTainterInterval" in d:
+        kwargs["soft_tainter_interval"] = ctx.seconds(d["softTainterInterval"], "descheduler.softTainterInterval", 1)
     if "firstRun" in d:
         kwargs["first_run"] = ctx.seconds(d["firstRun"], "descheduler.firstRun")
     th = ctx.mapping(d.get("deviationThresholds"), "descheduler.deviationThresholds")
@@ -296,14 +349,17 @@ def _events(ctx: _Ctx, raw: Any, nodes: list[Node]) -> list[Event]:
     for i, e in enumerate(raw):
         key = f"events[{i}]"
         e = ctx.mapping(e, key)
-        ctx.known(e, key, ("at", "kind", "node", "uncordonAfter"))
+        ctx.known(e, key, ("at", "kind", "node", "uncordonAfter", "how"))
         kind = e.get("kind")
         if kind not in EVENT_KINDS:
             raise ctx.fail(f"{key}.kind", f"must be one of {', '.join(EVENT_KINDS)}, got {kind!r}")
         node = e.get("node", "")
         if kind == "drain" and node not in names:
             raise ctx.fail(f"{key}.node", f"no such node: {node!r}")
-        events.append(Event(
+        how = e.get("how", "cordon")
+        if how not in DRAIN_KINDS:
+            raise ctx.fail(f"{key}.how", f"must be one of {', '.join(DRAIN_KINDS)}, got {how!r}")
+        events.append(Event(how=how, 
             at=ctx.seconds(e.get("at"), f"{key}.at"), kind=kind, node=node,
             uncordon_after=ctx.seconds(e.get("uncordonAfter", 0), f"{key}.uncordonAfter"),
         ))
@@ -333,15 +389,34 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         descheduler=_descheduler(ctx, d.get("descheduler")),
         plugin=_policy(ctx, d.get("plugin"), "plugin", PLUGIN_NAMES),
         guard=_policy(ctx, d.get("guard"), "guard", SETTING_NAMES),
+        guard_raw=dict(ctx.mapping(d.get("guard"), "guard")),
         events=_events(ctx, d.get("events"), nodes),
         sample_interval=ctx.seconds(d.get("sampleInterval", 60), "sampleInterval", minimum=1),
         step_times=steps,
     )
 
 
+def read_scenario(path: str | Path) -> Any:
+    return read_yaml_file(path, ScenarioError, str(path))
+
+
 def load_scenario(path: str | Path, seed: int | None = None) -> Scenario:
     """Read a scenario file; ``seed`` overrides the file's (the workload is rebuilt from it)."""
-    data = read_yaml_file(path, ScenarioError, str(path))
+    return scenario_with_seed(read_scenario(path), str(path), seed)
+
+
+def scenario_with_seed(data: Any, source: str, seed: int | None = None) -> Scenario:
     if seed is not None and isinstance(data, dict):
         data = {**data, "seed": seed}
-    return parse_scenario(data, str(path))
+    return parse_scenario(data, source)
+
+
+def guard_settings(raw: dict, source: str = "guard") -> PolicySettings:
+    """The guard's settings from design.md names (scenario block, CLI overrides, variant)."""
+    try:
+        unknown = sorted(set(raw) - set(SETTING_NAMES))
+        if unknown:
+            raise SettingsError(f"unknown setting(s): {', '.join(unknown)}")
+        return build_settings(dict(raw))
+    except SettingsError as e:
+        raise ScenarioError(f"{source}: {e}") from None
