@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from app.domain.history import HISTORY_ANNOTATION, HistoryEntry, parse_history
 from app.timefmt import parse_timestamp
 
 LAUNCHER_LABEL = "kubevirt.io"
@@ -115,6 +116,7 @@ class VMIRecord:
     node: str  # status.nodeName: where the VM runs now
     evacuation_node: str  # status.evacuationNodeName: "" when not marked
     migration: MigrationState | None
+    history: tuple[HistoryEntry, ...] = ()  # annotation kubevirt-eviction-guard.io/migration-history
 
     @property
     def key(self) -> tuple[str, str]:
@@ -132,6 +134,7 @@ def vmi_from_object(obj: Any) -> VMIRecord:
         node=_s(status.get("nodeName")),
         evacuation_node=_s(status.get("evacuationNodeName")),
         migration=migration_state_from(status.get("migrationState")),
+        history=parse_history(_d(meta.get("annotations")).get(HISTORY_ANNOTATION)),
     )
 
 

@@ -1,4 +1,4 @@
-"""The three API writes side effects make, and how their failures are classified.
+"""The API calls side effects make, and how their failures are classified.
 
 ``KubeEffectsApi`` speaks to a real API server with the ``kubernetes`` client;
 ``LogOnlyApi`` stands in when there is none (snapshot mode) and logs what it
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import orjson
 import urllib3
-from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from app.effects.queue import Retry
@@ -32,6 +32,7 @@ log = logging.getLogger("kubevirt_eviction_guard.effects")
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds for one side-effect call
+VMIS = ("kubevirt.io", "v1", "virtualmachineinstances")
 
 
 class Conflict(Exception):
@@ -57,6 +58,10 @@ class EffectsApi(Protocol):
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None: ...
 
+    def get_vmi(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
+
 
 def classify(e: ApiException) -> Exception:
     status = e.status or 0
@@ -75,17 +80,19 @@ class KubeEffectsApi:
 
     def __init__(self, api_client: ApiClient, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
         self.core = CoreV1Api(api_client)
+        self.custom = CustomObjectsApi(api_client)
         self.timeout = timeout
 
-    def _call(self, method, *args, **kwargs) -> None:
+    def _call(self, method, *args, **kwargs) -> bytes:
         try:
             resp = method(*args, _request_timeout=self.timeout, _preload_content=False, **kwargs)
+            data = resp.read()  # drain, so the connection returns to the pool
         except ApiException as e:
             raise classify(e) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timed out
             raise TransientApiError(f"{type(e).__name__}: {e}") from None
-        resp.read()  # drain, so the connection returns to the pool
         resp.release_conn()
+        return data
 
     def patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         self._call(self.core.patch_namespaced_pod, name, namespace, patch, _content_type=JSON_PATCH)
@@ -95,6 +102,20 @@ class KubeEffectsApi:
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call(self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH)
+
+    def get_vmi(self, namespace: str, name: str) -> dict[str, Any]:
+        data = self._call(self.custom.get_namespaced_custom_object, *VMIS[:2], namespace, VMIS[2], name)
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise TransientApiError(f"unreadable VMI: {e}") from None
+        if not isinstance(obj, dict):
+            raise TransientApiError("unreadable VMI: not an object")
+        return obj
+
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        self._call(self.custom.patch_namespaced_custom_object, *VMIS[:2], namespace, VMIS[2], name, patch,
+                   _content_type=JSON_PATCH)
 
 
 class LogOnlyApi:
@@ -114,3 +135,10 @@ class LogOnlyApi:
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         log.info("would update Event (no API server)", extra={"namespace": namespace, "event": name,
                                                                "count": patch.get("count")})
+
+    def get_vmi(self, namespace: str, name: str) -> dict[str, Any]:
+        raise NotFound("no API server")
+
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        log.info("would patch VMI (no API server)", extra={"namespace": namespace, "vmi": name,
+                                                            "patch": orjson.dumps(patch).decode()})

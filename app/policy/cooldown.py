@@ -9,8 +9,9 @@
 A VMI is in cooldown while now < last.end + cooldown.
 
 Unlike the plugin, whose history lives in memory, the finished migrations
-are read from cluster objects: the VMI's own ``migrationState`` and the VMIMs
-KubeVirt keeps (the 5 most recent finished per VMI). Replicas and restarts
+are read from cluster objects: the VMI's own ``migrationState``, the VMIMs
+KubeVirt keeps (the 5 most recent finished per VMI) and the guard's history
+annotation on the VMI (older ones, past KubeVirt's 5). Replicas and restarts
 therefore compute the same numbers.
 """
 
@@ -70,6 +71,30 @@ def finished_migrations(vmi: VMIRecord, migrations: Iterable[MigrationRecord]) -
         if m.uid:
             seen.add(m.uid)
         out.append(FinishedMigration(m.uid, m.start, m.end))
+    out.extend(recorded_migrations(vmi, out, seen))
+    return out
+
+
+def recorded_migrations(vmi: VMIRecord, known: Sequence[FinishedMigration], seen: set[str]) -> list[FinishedMigration]:
+    """The VMI's history annotation, as far as KubeVirt's own objects vouch for it: only
+    with a finished migration in ``known`` (its latest end is the anchor), only entries
+    that ended no later than the anchor and not before the VMI was created, each uid
+    and each end second once. So the annotation can add to the count, never
+    supply the last migration (its end and duration stay KubeVirt's)."""
+    if not vmi.history or not known:
+        return []
+    anchor = max(f.end for f in known)
+    ends = {int(f.end) for f in known}  # one VMI never finishes two migrations in the same second
+    out = []
+    for h in vmi.history:
+        if h.end > anchor or (vmi.created is not None and h.end < vmi.created):
+            continue
+        if (h.uid and h.uid in seen) or int(h.end) in ends:
+            continue
+        if h.uid:
+            seen.add(h.uid)
+        ends.add(int(h.end))
+        out.append(FinishedMigration(h.uid, h.start, h.end))
     return out
 
 
