@@ -90,24 +90,18 @@ def merge(existing: Sequence[HistoryEntry], known: Iterable[HistoryEntry], now: 
           settings: PolicySettings) -> tuple[list[HistoryEntry], bool]:
     """(entries to write, whether that adds anything to ``existing``).
 
-    Union by uid (and by end second: one VMI never finishes two migrations in the same
-    second), the annotation's own values kept; then only entries that ended within the
-    window (``end >= now - window``: an entry dropped here is out of the window for any
-    later decision), at most ``history_bound`` newest."""
-    have_uids = {e.uid for e in existing if e.uid}
-    have_ends = {int(e.end) for e in existing}
-    union = list(existing)
+    Union by identity (the uid; the end second for an entry without one), KubeVirt's
+    values winning; then only entries that ended within the window (``end >= now -
+    window``: an entry dropped here is out of the window for any later decision), at
+    most ``history_bound`` newest. It adds something when a kept entry's identity is
+    not among ``existing``'s."""
+    union = {e.identity: e for e in existing}
+    had = set(union)
     for k in known:
-        if (k.uid and k.uid in have_uids) or int(k.end) in have_ends:
-            continue
-        union.append(k)
-        if k.uid:
-            have_uids.add(k.uid)
-        have_ends.add(int(k.end))
+        union[k.identity] = k
     horizon = now - settings.migration_history_window
-    kept = sorted((e for e in union if e.end >= horizon), key=lambda e: e.end)[-history_bound(settings):]
-    existing_ids = {id(e) for e in existing}
-    return kept, any(id(e) not in existing_ids for e in kept)
+    kept = sorted((e for e in union.values() if e.end >= horizon), key=lambda e: e.end)[-history_bound(settings):]
+    return kept, any(e.identity not in had for e in kept)
 
 
 def history_patch(resource_version: str, has_annotations: bool, value: str) -> list[dict[str, Any]]:
