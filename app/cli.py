@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from app import __version__
 from app.cluster.kube import KubeConfigError
 from app.cluster.snapshot import SnapshotError
-from app.config import DURATIONS, SETTING_NAMES, SettingsError, kebab
+from app.config import BOOLS, DURATIONS, SETTING_NAMES, SettingsError, kebab
 from app.startup import UsageError
 from app.tls import TLSError
 
@@ -18,7 +18,8 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("policy settings (override --config)")
     g.add_argument("--config", metavar="FILE", help="YAML file with policy settings (design.md names)")
     for name in SETTING_NAMES:
-        kind = "Go duration" if name in DURATIONS else ("comma-separated" if name == "deschedulerUsers" else "")
+        kind = "Go duration" if name in DURATIONS else ("comma-separated" if name == "deschedulerUsers" else
+                                                        "true|false" if name in BOOLS else "")
         g.add_argument(f"--{kebab(name)}", dest=name, metavar=kind.upper().replace(" ", "_") or "VALUE", default=None)
     g.add_argument("--now", metavar="RFC3339", help="decide as of this time instead of the clock (what-if on a dump)")
 

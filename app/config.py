@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from app.policy.model import SCOPE_ALL, SCOPE_DESCHEDULER, PolicySettings
-from app.timefmt import parse_duration
+from app.timefmt import format_duration, parse_duration
 
 DURATIONS = {
     "migrationCooldown": "migration_cooldown",
@@ -21,7 +21,8 @@ DURATIONS = {
     "migrationHistoryWindow": "migration_history_window",
     "evacuationStaleAfter": "evacuation_stale_after",
 }
-SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode")
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}
+SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS)
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")
 
@@ -96,6 +97,14 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
         if budget < 0:
             raise SettingsError(f"pendingEvacuationsPerNode: must not be negative, got {budget}")
         kwargs["pending_evacuations_per_node"] = budget
+    for name, attr in BOOLS.items():
+        if values.get(name) is not None:
+            raw = values[name]
+            if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+                raw = raw.strip().lower() == "true"
+            if not isinstance(raw, bool):
+                raise SettingsError(f"{name}: must be true or false, got {values[name]!r}")
+            kwargs[attr] = raw
     settings = PolicySettings(**kwargs)
     if (
         settings.max_migration_cooldown > 0
@@ -104,6 +113,13 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
     ):
         raise SettingsError(
             "maxMigrationCooldown: must be 0 (no cap) or at least migrationCooldown "
-            f"({values.get('maxMigrationCooldown')} < {values.get('migrationCooldown', '15m')})"
+            f"({_shown(values, 'maxMigrationCooldown', settings)} < {_shown(values, 'migrationCooldown', settings)})"
         )
     return settings
+
+
+def _shown(values: dict[str, Any], name: str, settings: PolicySettings) -> str:
+    """A duration setting as the admin wrote it, or its value marked as the default."""
+    if values.get(name) is not None:
+        return str(values[name])
+    return f"{format_duration(getattr(settings, DURATIONS[name]))} by default"

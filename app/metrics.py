@@ -24,7 +24,7 @@ class Metrics:
         self.decisions = Counter(PREFIX + "decisions_total", "Admission decisions", ["decision", "reason"], registry=r)
         self.blocks = Counter(PREFIX + "blocks_total", "Evictions denied", ["reason", "node", "namespace"], registry=r)
         self.effective_cooldown = Histogram(
-            PREFIX + "effective_cooldown_seconds", "Effective cooldown of VMIs evaluated for cooldown",
+            PREFIX + "effective_cooldown_seconds", "Effective cooldown of the evictions denied for cooldown (blocks only, as the plugin)",
             buckets=COOLDOWN_BUCKETS, registry=r,
         )
         self.admission_duration = Histogram(

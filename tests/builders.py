@@ -51,10 +51,12 @@ def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | No
         status["migrationState"] = migration
     if evacuation:
         status["evacuationNodeName"] = evacuation
-    meta: dict = {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created)}
-    if annotations is not None:
-        meta["annotations"] = annotations
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "status": status}
+    return {
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created),
+                     **({"annotations": annotations} if annotations else {})},
+        "status": status,
+    }
 
 
 def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | None = None, evacuation: str | None = None,
@@ -71,11 +73,11 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
 
 
 def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,
-        launcher: bool = True, domain: bool = True) -> dict:
+        launcher: bool = True, domain: bool = True, annotations: dict | None = None) -> dict:
     labels = {"kubevirt.io": "virt-launcher"} if launcher else {"app": "web"}
     if job:
         labels["kubevirt.io/migrationJobUID"] = job
-    annotations = {"kubevirt.io/domain": vmi_name} if domain else {}
+    annotations = {**({"kubevirt.io/domain": vmi_name} if domain else {}), **(annotations or {})}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name or f"virt-launcher-{vmi_name}-abcde", "namespace": NS, "resourceVersion": "7",

@@ -229,7 +229,7 @@ def test_args_are_accepted_by_the_guards_own_command_line():
 def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     policy = {"migrationCooldown": "10m", "maxMigrationCooldown": "0", "migrationHistoryWindow": "24h",
               "cooldownScope": "all", "deschedulerUsers": ["system:serviceaccount:kube-system:descheduler"],
-              "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m"}
+              "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m", "honorPreferNoEviction": False}
     docs = render({"policy": policy})
     (tmp_path / "config.yaml").write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     settings = build_settings(load_config_file(tmp_path / "config.yaml"))
@@ -237,6 +237,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     assert settings.migration_history_window == 86400 and settings.cooldown_scope == "all"
     assert settings.descheduler_users == frozenset(policy["deschedulerUsers"])
     assert settings.pending_evacuations_per_node == 2 and settings.evacuation_stale_after == 5400
+    assert settings.honor_prefer_no_eviction is False
     # a policy change rolls the pods (the config checksum is in the pod template)
     before = one(render(), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     after = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
@@ -592,6 +593,7 @@ def test_schema_declares_every_value():
     ({"policy": {"migrationCooldown": "15 minutes"}}, "/policy/migrationCooldown"),
     ({"policy": {"cooldownScope": "some"}}, "/policy/cooldownScope"),
     ({"policy": {"pendingEvacuationsPerNode": -1}}, "/policy/pendingEvacuationsPerNode"),
+    ({"policy": {"honorPreferNoEviction": "yes"}}, "/policy/honorPreferNoEviction"),
     ({"replicaCount": 0}, "/replicaCount"),
     ({"podAntiAffinity": "maybe"}, "/podAntiAffinity"),
     ({"server": {"port": 70000}}, "/server/port"),

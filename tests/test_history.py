@@ -331,3 +331,16 @@ def test_known_migrations_are_only_kubevirts() -> None:
     known = known_migrations(v, [migration_from_object(o) for o in objs[1:]])
     assert {e.uid for e in known} == {"m0", "m1", "m2", "m3", "m4"}  # m5 is only in the annotation
     assert orjson.loads(encode_history(known))  # and writable
+
+
+def test_the_bound_follows_the_vms_own_cooldown() -> None:
+    from app.domain.records import COOLDOWN_OVERRIDE
+    from app.policy.cooldown import vm_settings
+
+    quick = vmi_from_object(vmi("db", "a", annotations={COOLDOWN_OVERRIDE: "1m"}))
+    assert history_bound(vm_settings(quick, DEFAULTS)) == 10  # 1m x 2^9 >= 6h > 1m x 2^8
+    # ten entries kept for it, where the global settings keep six
+    existing = tuple(entry(f"u{i}", 100 - 5 * i, 99 - 5 * i) for i in range(10))
+    merged, adds = merge(existing, [entry("new", 3, 2)], NOW, vm_settings(quick, DEFAULTS))
+    assert adds and len(merged) == 10 and merged[-1].uid == "new"
+    assert len(merge(existing, [entry("new", 3, 2)], NOW, DEFAULTS)[0]) == 6

@@ -50,7 +50,7 @@ from app.domain.records import MigrationRecord, VMIRecord, vmi_from_object
 from app.effects.annotate import _pointer
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
 from app.effects.queue import EffectQueue, Retry
-from app.policy.cooldown import relevant_migrations
+from app.policy.cooldown import relevant_migrations, vm_settings
 from app.policy.model import PolicySettings
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
@@ -88,7 +88,8 @@ def known_migrations(vmi: VMIRecord, migrations: Iterable[MigrationRecord]) -> l
 
 def merge(existing: Sequence[HistoryEntry], known: Iterable[HistoryEntry], now: float,
           settings: PolicySettings) -> tuple[list[HistoryEntry], bool]:
-    """(entries to write, whether that adds anything to ``existing``).
+    """(entries to write, whether that adds anything to ``existing``); ``settings`` are the
+    VM's own (``vm_settings``: its migration-cooldown annotation changes floor and cap).
 
     Union by identity (the uid; the end second for an entry without one), KubeVirt's
     values winning; then only entries that ended within the window (``end >= now -
@@ -124,7 +125,7 @@ class HistoryView(Protocol):
 def needs_write(view: HistoryView, vmi: VMIRecord, now: float, settings: PolicySettings) -> bool:
     """From the store alone: do KubeVirt's objects show a migration the annotation should have?"""
     known = known_migrations(vmi, view.migrations(vmi.namespace, vmi.name))
-    return bool(known) and merge(vmi.history, known, now, settings)[1]
+    return bool(known) and merge(vmi.history, known, now, vm_settings(vmi, settings))[1]
 
 
 class HistoryJob:
@@ -152,7 +153,7 @@ class HistoryJob:
         if fresh.uid != stored.uid or not isinstance(resource_version, str) or not resource_version:
             return NOT_NEEDED  # another incarnation than the store's VMIMs were matched against, or unguardable
         known = known_migrations(fresh, self.view.migrations(self.namespace, self.name))
-        entries, adds = merge(fresh.history, known, self.clock(), self.settings)
+        entries, adds = merge(fresh.history, known, self.clock(), vm_settings(fresh, self.settings))
         if not adds:
             return NOT_NEEDED
         patch = history_patch(resource_version, isinstance(meta.get("annotations"), dict), encode_history(entries))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.domain.kinds import NODE, POD, VMI, VMIM
-from app.domain.records import LauncherPod, MigrationRecord, VMIRecord
+from app.domain.records import EXEMPT_OVERRIDE, PREFER_NO_EVICTION, LauncherPod, MigrationRecord, VMIRecord
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
@@ -63,8 +63,12 @@ def decide(
     if vmi.evacuation_node and vmi.evacuation_node == pod.node:
         msg = f'{_background(vmi)}: VMI is marked for evacuation from node "{pod.node}", its migration is pending'
         return _deny(Reason.EVACUATION_PENDING, msg, dry, vmi, pod)
-    # exemptions from rules 8 and 9: scope and drains
-    if not in_scope(req, settings):
+    # exemptions from rules 7a, 8 and 9: the VM's own annotation, scope and drains
+    if vmi.overrides is not None and vmi.overrides.exempt:
+        return _allow(Reason.ALLOWED, f'VMI is exempt ({EXEMPT_OVERRIDE}: "true"): only the in-flight rules apply',
+                      dry, vmi, pod)
+    descheduler = is_descheduler(req, settings)
+    if not descheduler and settings.cooldown_scope != SCOPE_ALL:
         return _allow(Reason.ALLOWED, "not a descheduler eviction: cooldown and node budget do not apply", dry, vmi, pod)
     if NODE in health.stale:
         return _stale(health, dry, vmi=vmi, pod=pod)
@@ -72,6 +76,11 @@ def decide(
     if node is not None and node.draining:
         return _allow(Reason.ALLOWED, f'node "{pod.node}" is being drained ({node.drain}): drains are never held back',
                       dry, vmi, pod)
+    # 7a. the VM prefers not to be evicted by the descheduler
+    if descheduler and settings.honor_prefer_no_eviction and (vmi.prefer_no_eviction or pod.prefer_no_eviction):
+        msg = (f'VMI "{vmi.namespace}/{vmi.name}" prefers not to be evicted by the descheduler ({PREFER_NO_EVICTION});'
+               " choose another candidate")
+        return _deny(Reason.PREFER_NO_EVICTION, msg, dry, vmi, pod)
     # 8. the node already has VMs leaving
     leaving = others_leaving(pod.node, vmi, view, now, settings)
     budget = settings.pending_evacuations_per_node
@@ -131,11 +140,14 @@ def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
     return ""
 
 
+def is_descheduler(req: EvictionRequest, settings: PolicySettings) -> bool:
+    """The eviction comes from the descheduler: its requested-by annotation, or a user in ``deschedulerUsers``."""
+    return req.requested_by == DESCHEDULER_REQUESTER or req.username in settings.descheduler_users
+
+
 def in_scope(req: EvictionRequest, settings: PolicySettings) -> bool:
     """Cooldown and node budget apply to descheduler evictions (or to all, by setting)."""
-    if settings.cooldown_scope == SCOPE_ALL:
-        return True
-    return req.requested_by == DESCHEDULER_REQUESTER or req.username in settings.descheduler_users
+    return settings.cooldown_scope == SCOPE_ALL or is_descheduler(req, settings)
 
 
 def others_leaving(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings) -> list[str]:

@@ -22,6 +22,7 @@ class Reason:
     MIGRATION_TARGET = "migration_target"
     MIGRATION_IN_PROGRESS = "migration_in_progress"
     EVACUATION_PENDING = "evacuation_pending"
+    PREFER_NO_EVICTION = "prefer_no_eviction"
     NODE_BUSY = "node_busy"
     COOLDOWN = "cooldown"
     ALLOWED = "allowed"
@@ -38,6 +39,7 @@ class PolicySettings:
     descheduler_users: frozenset[str] = frozenset()
     pending_evacuations_per_node: int = 1
     evacuation_stale_after: float = 3600.0
+    honor_prefer_no_eviction: bool = True
 
 
 @dataclass(slots=True, frozen=True)

@@ -82,7 +82,7 @@ class Plugin(Mode):
             return None
         s = self.settings
         start, end = max(history, key=lambda h: h[1])
-        count = sum(1 for _, e in history if e >= now - s.migration_history_window)
+        count = sum(1 for _, e in history if e > now - s.migration_history_window)  # strict, as the plugin
         _, cooldown = effective_cooldown(end - start, count, s)
         return "plugin_cooldown" if now - end < cooldown else None
 
