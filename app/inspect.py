@@ -6,8 +6,9 @@ import argparse
 import sys
 from typing import TextIO
 
+from app.cluster.migrations import cause_of
 from app.cluster.store import ClusterStore
-from app.domain.records import COOLDOWN_OVERRIDE, EXEMPT_OVERRIDE, VMIRecord
+from app.domain.records import COOLDOWN_OVERRIDE, EXEMPT_OVERRIDE, FINAL_PHASES, VMIRecord
 from app.policy import cooldown_state, decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
 from app.policy.decide import describe_in_flight, is_leaving, leaving_age
@@ -158,3 +159,56 @@ def write_report(store: ClusterStore, now: float, settings: PolicySettings, out:
         out.write("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")
     out.write(f"\n{len(rows)} VMIs as of {format_timestamp(now)}; migrations counted in the last "
               f"{format_duration(settings.migration_history_window)}\n")
+    write_history(store, out)
+
+
+HISTORY_PER_VMI = 5  # what KubeVirt keeps: the 5 most recent finalized VMIMs per VMI
+
+
+def migration_history(store: ClusterStore, vmi, limit: int = HISTORY_PER_VMI) -> list[list[str]]:
+    """The VMI's last migrations, newest first: VMIMs, plus its ``migrationState`` when that
+    migration's VMIM is gone. Each row: ended, cause, priority, annotations, route, outcome, VMIM."""
+    entries = []
+    latest = vmi.migration
+    vmims = store.migrations(vmi.namespace, vmi.name)
+    for m in vmims:
+        state = latest if latest is not None and latest.uid and latest.uid == m.uid else None
+        source = m.source_node or (state.source_node if state else "")
+        target = m.target_node or (state.target_node if state else "")
+        if m.phase in FINAL_PHASES:
+            outcome = m.phase
+        else:
+            outcome = f"in flight ({m.phase or 'queued'})"
+        notes = [f"evacuationMigration={m.evacuation_node}" if m.evacuation_node else "",
+                 f"workloadUpdateMigration={m.workload_update}" if m.workload_update else ""]
+        when = m.end if m.finished else None
+        entries.append((when if when is not None else m.start or m.created or 0.0, [
+            format_timestamp(when) if when is not None else "-", cause_of(m), m.priority or "-",
+            ",".join(n for n in notes if n) or "-", f"{source or '?'} -> {target or '?'}", outcome, m.name]))
+    if latest is not None and latest.started and not any(m.uid == latest.uid for m in vmims if latest.uid):
+        outcome = "in flight" if latest.in_flight else ("Failed" if latest.failed else "Succeeded")
+        when = latest.end if latest.ended else None
+        entries.append((when if when is not None else latest.start or 0.0, [
+            format_timestamp(when) if when is not None else "-", "unknown", "-", "-",
+            f"{latest.source_node or '?'} -> {latest.target_node or '?'}", outcome,
+            "(VMIM gone; from the VMI's migrationState)"]))
+    entries.sort(key=lambda e: e[0], reverse=True)
+    return [row for _, row in entries[:limit]]
+
+
+def write_history(store: ClusterStore, out: TextIO, limit: int = HISTORY_PER_VMI) -> None:
+    """Why each VM moved: its last migrations with their cause (VMIM ``spec.priority``:
+    system-maintenance = descheduler, system-critical = drain or evacuation, user-triggered = user)."""
+    header = ["  VMI", "ENDED", "CAUSE", "PRIORITY", "ANNOTATIONS", "SOURCE -> TARGET", "OUTCOME", "MIGRATION"]
+    rows = []
+    for vmi in sorted(store.vmis(), key=lambda v: v.key):
+        for row in migration_history(store, vmi, limit):
+            rows.append([f"  {vmi.namespace}/{vmi.name}", *row])
+    out.write(f"\nRecent migrations (newest first, up to {limit} per VMI; cause from the VMIM's spec.priority: "
+              "system-maintenance = descheduler, system-critical = drain or evacuation, user-triggered = user):\n")
+    if not rows:
+        out.write("  none\n")
+        return
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        out.write("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")

@@ -48,6 +48,9 @@ class Metrics:
             PREFIX + "events_rate_limited_total", "Denials not written at once: held back by the per-VMI rate limit or folded into a pending write",
             ["reason"], registry=r,
         )
+        # cause: descheduler | evacuation | user | workload-update | unknown (app/cluster/migrations.py)
+        self.migrations = Counter(PREFIX + "migrations_total", "VMIMs seen to finish, by cause and outcome",
+                                  ["cause", "outcome"], registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
 
     def render(self) -> tuple[bytes, str]:

@@ -164,7 +164,7 @@ def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics,
     api = KubeEffectsApi(api_client) if api_client is not None else LogOnlyApi()
     on = not args.no_side_effects
     return Effects(view, api, metrics, queue_capacity=args.side_effect_queue, event_interval=interval,
-                   annotate=on, events=on)
+                   annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users)
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -73,7 +73,8 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
 
 
 def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,
-        launcher: bool = True, domain: bool = True, annotations: dict | None = None) -> dict:
+        launcher: bool = True, domain: bool = True, annotations: dict | None = None, ready: bool | None = None) -> dict:
+    ready = phase == "Running" if ready is None else ready
     labels = {"kubevirt.io": "virt-launcher"} if launcher else {"app": "web"}
     if job:
         labels["kubevirt.io/migrationJobUID"] = job
@@ -82,7 +83,8 @@ def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Ru
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name or f"virt-launcher-{vmi_name}-abcde", "namespace": NS, "resourceVersion": "7",
                      "labels": labels, "annotations": annotations},
-        "spec": {"nodeName": node_name}, "status": {"phase": phase},
+        "spec": {"nodeName": node_name},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 

@@ -535,6 +535,9 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         assert used and used <= exported, f"{name} uses series the guard does not export: {used - exported}"
         assert f'job="{FULLNAME}"' in expr and f'namespace="{NS}"' in expr, name
     assert 'state="disabled"' in alerts["KubevirtEvictionGuardDeschedulerMisconfigured"]["expr"]
+    fix = alerts["KubevirtEvictionGuardDeschedulerMisconfigured"]["annotations"]["description"]
+    assert "KubeVirtRelieveAndMigrate" in fix and "devEnableEvictionsInBackground: true" in fix  # names the fix
+    assert "openshift-kube-descheduler-operator" in fix
     assert 'le="14400.0"' in alerts["KubevirtEvictionGuardCooldownPinnedAtMaximum"]["expr"]  # Python's le spelling
     assert "by (node)" in alerts["KubevirtEvictionGuardNodeBlockingSustained"]["expr"]
 

@@ -198,7 +198,7 @@ class VmiApi:
         self.patches: list[list] = []
         self.conflicts = 0  # answer this many patches 422 (the VMI changed meanwhile)
 
-    def get_vmi(self, namespace, name):
+    def read_vmi(self, namespace, name):
         self.gets.append(name)
         return copy.deepcopy(self.objs[name])
 

@@ -47,6 +47,8 @@ class ClusterStore:
         # node -> keys of VMIs that may be leaving it; vmi key -> that node
         self._leaving: dict[str, frozenset[tuple[str, str]]] = {}
         self._leaving_of: dict[tuple[str, str], str] = {}
+        # called (outside the lock) with each VMIM the store held unfinished and now holds final
+        self.on_migration_finished: Callable[[MigrationRecord], None] | None = None
         self._listeners: tuple[Listener, ...] = ()
 
     def add_listener(self, listener: Listener) -> None:
@@ -104,14 +106,14 @@ class ClusterStore:
     # ---- writes --------------------------------------------------------------
 
     def upsert(self, record: Record) -> None:
-        if not self._listeners:
-            with self._lock:
-                self._put(record)
-            return
+        listeners = self._listeners
         with self._lock:
-            old = self._current(record)
-            self._put(record)
-        self._notify(_KIND_OF[type(record)], old, record)
+            old = self._current(record) if listeners else None
+            finished = self._put(record)
+        if finished is not None and self.on_migration_finished is not None:
+            self.on_migration_finished(finished)
+        if listeners:
+            self._notify(_KIND_OF[type(record)], old, record)
 
     def delete(self, kind: str, key: Key) -> None:
         with self._lock:
@@ -163,10 +165,18 @@ class ClusterStore:
                         by_uid[r.uid] = r
             by_vmi = {ns: {v: tuple(ms) for v, ms in per.items()} for ns, per in grouped.items()}
             with self._lock:
+                old_vmims = self._vmims
                 self._vmims = vmims
                 self._vmims_by_vmi = by_vmi
                 self._vmims_by_uid = by_uid
                 self._rebuild_leaving()
+            if self.on_migration_finished is not None:  # finished while the watch was down
+                for ns, names in vmims.items():
+                    before = old_vmims.get(ns, _NO_NS)
+                    for r in names.values():
+                        old = before.get(r.name)
+                        if r.finished and old is not None and not old.finished and old.uid == r.uid:
+                            self.on_migration_finished(r)
         else:
             raise ValueError(f"unknown kind {kind!r}")
         if self._listeners:
@@ -180,7 +190,8 @@ class ClusterStore:
         nested = {LauncherPod: self._pods, VMIRecord: self._vmis, MigrationRecord: self._vmims}.get(type(record))
         return nested.get(record.namespace, _NO_NS).get(record.name) if nested is not None else None  # type: ignore[union-attr]
 
-    def _put(self, record: Record) -> None:
+    def _put(self, record: Record) -> MigrationRecord | None:
+        """Store one record; returns a VMIM that this write turned final."""
         if isinstance(record, LauncherPod):
             self._pods.setdefault(record.namespace, {})[record.name] = record
         elif isinstance(record, NodeRecord):
@@ -201,8 +212,11 @@ class ClusterStore:
             self._refresh_leaving((ns, record.vmi_name))
             if old is not None and old.vmi_name != record.vmi_name:
                 self._refresh_leaving((old.namespace, old.vmi_name))
+            if old is not None and not old.finished and record.finished and old.uid == record.uid:
+                return record
         else:
             raise TypeError(f"not a record: {type(record).__name__}")
+        return None
 
     def _unindex_vmim(self, old: MigrationRecord) -> None:
         per_vmi = self._vmims_by_vmi.get(old.namespace)

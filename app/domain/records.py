@@ -31,6 +31,7 @@ PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
 # the guard's own per-VM overrides, read from the VMI
 COOLDOWN_OVERRIDE = "kubevirt-eviction-guard.io/migration-cooldown"
 EXEMPT_OVERRIDE = "kubevirt-eviction-guard.io/exempt"
+WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -201,6 +202,9 @@ class MigrationRecord:
     end: float | None  # migrationState.endTimestamp, else the final phase's transition time
     source_node: str
     evacuation_node: str  # annotation kubevirt.io/evacuationMigration
+    priority: str = ""  # spec.priority (KubeVirt >= 1.7): system-critical | system-maintenance | user-triggered
+    workload_update: str = ""  # annotation kubevirt.io/workloadUpdateMigration ("" when absent)
+    target_node: str = ""  # migrationState.targetNode
 
     @property
     def key(self) -> tuple[str, str]:
@@ -235,7 +239,17 @@ def migration_from_object(obj: Any) -> MigrationRecord:
         end=end,
         source_node=state.source_node if state else "",
         evacuation_node=_s(_d(meta.get("annotations")).get(EVACUATION_MIGRATION)),
+        priority=_s(spec.get("priority")),
+        workload_update=_workload_update(_d(meta.get("annotations"))),
+        target_node=state.target_node if state else "",
     )
+
+
+def _workload_update(annotations: dict) -> str:
+    """The annotation's value, or "true" when it is present with an empty or non-string value."""
+    if WORKLOAD_UPDATE_MIGRATION not in annotations:
+        return ""
+    return _s(annotations[WORKLOAD_UPDATE_MIGRATION]) or "true"
 
 
 @dataclass(slots=True, frozen=True)
@@ -254,6 +268,7 @@ class LauncherPod:
     prefer_no_eviction: bool  # annotation present (any value), as the descheduler reads it
     has_annotations: bool  # metadata.annotations exists (JSON patch must add the map otherwise)
     resource_version: str
+    ready: bool = False  # condition Ready is True (KubeVirt keeps eviction-in-progress on the ready source pod only)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -278,7 +293,15 @@ def pod_from_object(obj: Any) -> LauncherPod:
         prefer_no_eviction=PREFER_NO_EVICTION in annotations,
         has_annotations=isinstance(raw_annotations, dict),
         resource_version=_u(meta.get("resourceVersion")),
+        ready=_condition_true(_d(obj.get("status")).get("conditions"), "Ready"),
     )
+
+
+def _condition_true(conditions: Any, kind: str) -> bool:
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == kind:
+            return c.get("status") == "True"
+    return False
 
 
 @dataclass(slots=True, frozen=True)

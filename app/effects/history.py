@@ -144,8 +144,10 @@ class HistoryJob:
         if stored is None or not needs_write(self.view, stored, self.clock(), self.settings):
             return NOT_NEEDED
         try:
-            obj = self.api.get_vmi(self.namespace, self.name)
+            obj = self.api.read_vmi(self.namespace, self.name)
         except NotFound:
+            return NOT_NEEDED
+        if obj is None:  # no API server to ask (snapshot mode)
             return NOT_NEEDED
         fresh = vmi_from_object(obj)
         meta = obj.get("metadata") or {}

@@ -1,4 +1,5 @@
-"""The API calls side effects make, and how their failures are classified.
+"""The API writes side effects make (and the VMI reads that guard them),
+and how their failures are classified.
 
 ``KubeEffectsApi`` speaks to a real API server with the ``kubernetes`` client;
 ``LogOnlyApi`` stands in when there is none (snapshot mode) and logs what it
@@ -32,7 +33,6 @@ log = logging.getLogger("kubevirt_eviction_guard.effects")
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds for one side-effect call
-VMIS = ("kubevirt.io", "v1", "virtualmachineinstances")
 
 
 class Conflict(Exception):
@@ -58,7 +58,9 @@ class EffectsApi(Protocol):
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None: ...
 
-    def get_vmi(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VMI as the API server has it now; None when there is no API server to ask."""
+        ...
 
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
 
@@ -86,13 +88,23 @@ class KubeEffectsApi:
     def _call(self, method, *args, **kwargs) -> bytes:
         try:
             resp = method(*args, _request_timeout=self.timeout, _preload_content=False, **kwargs)
-            data = resp.read()  # drain, so the connection returns to the pool
         except ApiException as e:
             raise classify(e) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timed out
             raise TransientApiError(f"{type(e).__name__}: {e}") from None
-        resp.release_conn()
-        return data
+        try:
+            return resp.read()  # drain, so the connection returns to the pool
+        finally:
+            resp.release_conn()
+
+    def read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self._call(self.custom.get_namespaced_custom_object, "kubevirt.io", "v1", namespace,
+                          "virtualmachineinstances", name)
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise TransientApiError("VMI read: response is not JSON") from None
+        return obj if isinstance(obj, dict) else None
 
     def patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         self._call(self.core.patch_namespaced_pod, name, namespace, patch, _content_type=JSON_PATCH)
@@ -103,19 +115,9 @@ class KubeEffectsApi:
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call(self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH)
 
-    def get_vmi(self, namespace: str, name: str) -> dict[str, Any]:
-        data = self._call(self.custom.get_namespaced_custom_object, *VMIS[:2], namespace, VMIS[2], name)
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError as e:
-            raise TransientApiError(f"unreadable VMI: {e}") from None
-        if not isinstance(obj, dict):
-            raise TransientApiError("unreadable VMI: not an object")
-        return obj
-
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
-        self._call(self.custom.patch_namespaced_custom_object, *VMIS[:2], namespace, VMIS[2], name, patch,
-                   _content_type=JSON_PATCH)
+        self._call(self.custom.patch_namespaced_custom_object, "kubevirt.io", "v1", namespace,
+                   "virtualmachineinstances", name, patch, _content_type=JSON_PATCH)
 
 
 class LogOnlyApi:
@@ -132,12 +134,12 @@ class LogOnlyApi:
             "count": event.get("count"), "event_message": event.get("message"),
         })
 
+    def read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # the snapshot is all there is: the store's record stands
+
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         log.info("would update Event (no API server)", extra={"namespace": namespace, "event": name,
                                                                "count": patch.get("count")})
-
-    def get_vmi(self, namespace: str, name: str) -> dict[str, Any]:
-        raise NotFound("no API server")
 
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         log.info("would patch VMI (no API server)", extra={"namespace": namespace, "vmi": name,
