@@ -101,7 +101,10 @@ def merge(existing: Sequence[HistoryEntry], known: Iterable[HistoryEntry], now: 
     for k in known:
         union[k.identity] = k
     horizon = now - settings.migration_history_window
-    kept = sorted((e for e in union.values() if e.end >= horizon), key=lambda e: e.end)[-history_bound(settings):]
+    # newest by end; ties (impossible for one VMI, possible in an edited value) by identity, so that
+    # which entries are kept does not depend on the order they came in
+    kept = sorted((e for e in union.values() if e.end >= horizon),
+                  key=lambda e: (e.end, str(e.identity)))[-history_bound(settings):]
     return kept, any(e.identity not in had for e in kept)
 
 
