@@ -99,6 +99,8 @@ def build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None)
         cluster.board.stale_after = limit
         metrics = cluster.metrics or Metrics()
         effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
+        if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
+            effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,

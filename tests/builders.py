@@ -97,3 +97,24 @@ def store_of(*objects: dict) -> ClusterStore:
     for obj in objects:
         store.upsert(PARSE[obj["kind"]](obj))
     return store
+
+
+def history_annotation(*entries: tuple[str, float | None, float]) -> dict:
+    """The guard's migration-history annotation for (uid, start, end) in minutes before NOW."""
+    import json
+
+    from app.domain.history import HISTORY_ANNOTATION
+
+    return {HISTORY_ANNOTATION: json.dumps([{"uid": u, "start": ts(s), "end": ts(e), "outcome": "Succeeded"}
+                                            for u, s, e in entries])}
+
+
+def six_short_migrations(name: str = "db", node_name: str = "worker-a") -> list[dict]:
+    """The issue's case: six 10-minute migrations in 48 h (one an hour, the last ended 1 minute
+    ago), KubeVirt has garbage-collected the oldest VMIM, the guard's annotation has all six."""
+    runs = [(f"m{i}", 11 + 60 * i, 1 + 60 * i) for i in range(6)]  # m0 newest
+    nodes = ("worker-b", node_name)
+    v = vmi(name, node_name, migration=mstate("m0", nodes[0], nodes[1], 11, 1), annotations=history_annotation(*runs))
+    kept = [vmim(u, name, "Succeeded", s + 1, mstate(u, nodes[i % 2], nodes[(i + 1) % 2], s, e))
+            for i, (u, s, e) in enumerate(runs[:5])]
+    return [v, *kept]

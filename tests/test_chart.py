@@ -269,9 +269,10 @@ def grants(role: dict) -> set[tuple[str, str, str]]:
 LEAST_PRIVILEGE = (
     {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
                             ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
-    | {("", "pods", "patch")}
+    | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch")}
     | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
 )
+HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
 
 
@@ -281,6 +282,10 @@ def test_rbac_grants_exactly_the_listed_verbs():
     assert grants(role) == LEAST_PRIVILEGE | DESCHEDULER_READ
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
     assert grants(one(render({"deschedulerCheck": {"enabled": False}}), "ClusterRole")) == LEAST_PRIVILEGE
+    no_history = render({"historyAnnotation": {"enabled": False}})
+    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | DESCHEDULER_READ
+    assert "--no-history-annotation" in container(no_history)["args"]
+    assert "--no-history-annotation" not in container(docs)["args"]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")

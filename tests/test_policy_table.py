@@ -12,7 +12,7 @@ import pytest
 
 from app.domain.view import CacheHealth
 from app.policy import EvictionRequest, PolicySettings, decide
-from tests.builders import MIN, NOW, mstate, node, pod, store_of, vmi, vmim
+from tests.builders import MIN, NOW, mstate, node, pod, six_short_migrations, store_of, vmi, vmim
 
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
          node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), node("worker-e", taints=("node.kubernetes.io/unschedulable",)),
@@ -190,6 +190,8 @@ ROWS = [
         settings=PolicySettings(migration_cooldown=0, max_migration_cooldown=0)),
     Row("9 failed migration counts", [vmi("db", "worker-a", migration=mstate("m1", "worker-a", "worker-b", 7, 5, failed=True)), DB_POD],
         desched(), False, "cooldown"),
+    Row("9 history annotation counts past KubeVirt's 5 VMIMs", [*six_short_migrations(), DB_POD], desched(), False,
+        "cooldown", "cooldown 6h0m0s (6 migrations in the last 48h0m0s)"),
     Row("9 a migration that ended exactly migrationHistoryWindow ago is not counted (strict, as the plugin)",
         [vmi("db", "worker-a", migration=RECENT), DB_POD, vmim("old", "db", "Succeeded", 48 * 60 + 3,
          mstate("old", "worker-a", "worker-b", 48 * 60 + 2, 48 * 60))], desched(), False, "cooldown",

@@ -18,6 +18,7 @@ cost ~50 MB, while there are only a few hundred namespaces.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Union
@@ -27,6 +28,9 @@ from app.domain.records import LauncherPod, MigrationRecord, NodeRecord, VMIReco
 
 Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord]
 Key = Union[tuple[str, str], str]
+# (kind, old record or None, new record); (kind, None, None) after ``replace`` of the whole kind
+Listener = Callable[[str, Any, Any], None]
+log = logging.getLogger("kubevirt_eviction_guard.cluster")
 _EMPTY: tuple = ()
 _NO_NS: dict = {}  # stands in for an absent namespace; never written to
 
@@ -45,6 +49,19 @@ class ClusterStore:
         self._leaving_of: dict[tuple[str, str], str] = {}
         # called (outside the lock) with each VMIM the store held unfinished and now holds final
         self.on_migration_finished: Callable[[MigrationRecord], None] | None = None
+        self._listeners: tuple[Listener, ...] = ()
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener`` after every upsert and replace, on the writer's thread, outside the lock.
+        It must be quick (the watch waits for it); its exceptions are logged and swallowed."""
+        self._listeners += (listener,)
+
+    def _notify(self, kind: str, old: Any, new: Any) -> None:
+        for listener in self._listeners:
+            try:
+                listener(kind, old, new)
+            except Exception:
+                log.exception("store listener failed", extra={"kind": kind})
 
     # ---- queries (lock-free) -------------------------------------------------
 
@@ -89,10 +106,14 @@ class ClusterStore:
     # ---- writes --------------------------------------------------------------
 
     def upsert(self, record: Record) -> None:
+        listeners = self._listeners
         with self._lock:
+            old = self._current(record) if listeners else None
             finished = self._put(record)
         if finished is not None and self.on_migration_finished is not None:
             self.on_migration_finished(finished)
+        if listeners:
+            self._notify(_KIND_OF[type(record)], old, record)
 
     def delete(self, kind: str, key: Key) -> None:
         with self._lock:
@@ -158,8 +179,16 @@ class ClusterStore:
                             self.on_migration_finished(r)
         else:
             raise ValueError(f"unknown kind {kind!r}")
+        if self._listeners:
+            self._notify(kind, None, None)
 
     # ---- internals (caller holds the lock) -----------------------------------
+
+    def _current(self, record: Record) -> Record | None:
+        if isinstance(record, NodeRecord):
+            return self._nodes.get(record.key)
+        nested = {LauncherPod: self._pods, VMIRecord: self._vmis, MigrationRecord: self._vmims}.get(type(record))
+        return nested.get(record.namespace, _NO_NS).get(record.name) if nested is not None else None  # type: ignore[union-attr]
 
     def _put(self, record: Record) -> MigrationRecord | None:
         """Store one record; returns a VMIM that this write turned final."""
@@ -243,6 +272,9 @@ class ClusterStore:
                     leaving_of[key] = node
         self._leaving = {n: frozenset(s) for n, s in leaving.items()}
         self._leaving_of = leaving_of
+
+
+_KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE}
 
 
 def _nest(records: Iterable[Record]) -> dict[str, dict[str, Any]]:

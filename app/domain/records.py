@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from app.domain.history import HISTORY_ANNOTATION, HistoryEntry, parse_history
 from app.timefmt import parse_duration, parse_timestamp
 
 LAUNCHER_LABEL = "kubevirt.io"
@@ -162,6 +163,7 @@ class VMIRecord:
     migration: MigrationState | None
     prefer_no_eviction: bool = False  # annotation present (any value)
     overrides: VMOverrides | None = None  # None when the VMI carries none of the guard's annotations
+    history: tuple[HistoryEntry, ...] = ()  # annotation kubevirt-eviction-guard.io/migration-history
 
     @property
     def key(self) -> tuple[str, str]:
@@ -182,6 +184,7 @@ def vmi_from_object(obj: Any) -> VMIRecord:
         migration=migration_state_from(status.get("migrationState")),
         prefer_no_eviction=PREFER_NO_EVICTION in annotations,
         overrides=overrides_from(annotations) if annotations else None,
+        history=parse_history(annotations.get(HISTORY_ANNOTATION)) if annotations else (),
     )
 
 

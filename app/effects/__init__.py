@@ -1,4 +1,5 @@
-"""What a decision causes besides the answer: a log line, an Event, the annotation.
+"""What a decision causes besides the answer: a log line, an Event, the annotation;
+and, apart from decisions, the VMIs' migration history (``history.py``).
 
 Denials get an ``EvictionBlocked`` Event; allowed descheduler evictions of a VM's
 pod (reason ``allowed``) an ``EvictionAllowed`` one (``events.py``).
@@ -23,10 +24,11 @@ from app.domain.view import ClusterView
 from app.effects.annotate import AnnotateJob, wanted
 from app.effects.decision_log import log_decision
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
+from app.effects.history import HistoryRecorder, HistoryView
 from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
-from app.policy.model import DESCHEDULER_REQUESTER, Decision, Reason
+from app.policy.model import DESCHEDULER_REQUESTER, Decision, PolicySettings, Reason
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 
@@ -55,12 +57,26 @@ class Effects:
         self.events = EventRecorder(api, self.queue, metrics, interval=event_interval, clock=clock) if events else None
         self.annotate = annotate
         self.descheduler_users = descheduler_users  # the policy setting: users counted as the descheduler
+        self.clock = clock
+        self.history: HistoryRecorder | None = None
+
+    def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
+                       interval: float | None = None) -> HistoryRecorder:
+        """Keep the VMIs' history annotation (live mode): ``store`` must offer ``add_listener``."""
+        kw = {"interval": interval} if interval is not None else {}
+        self.history = HistoryRecorder(store, self.api, self.queue, settings, clock=self.clock, ready=ready, **kw)
+        store.add_listener(self.history.on_change)  # type: ignore[attr-defined]
+        return self.history
 
     def start(self) -> Effects:
         self.queue.start()
+        if self.history is not None:
+            self.history.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.history is not None:
+            self.history.stop(timeout)
         self.queue.stop(timeout)
 
     def on_decision(self, review: Review, decision: Decision) -> None:

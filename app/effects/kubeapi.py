@@ -1,4 +1,4 @@
-"""The three API writes side effects make (and the one read that guards the annotation),
+"""The API writes side effects make (and the VMI reads that guard them),
 and how their failures are classified.
 
 ``KubeEffectsApi`` speaks to a real API server with the ``kubernetes`` client;
@@ -62,6 +62,8 @@ class EffectsApi(Protocol):
         """The VMI as the API server has it now; None when there is no API server to ask."""
         ...
 
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
+
 
 def classify(e: ApiException) -> Exception:
     status = e.status or 0
@@ -113,6 +115,10 @@ class KubeEffectsApi:
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call(self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH)
 
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        self._call(self.custom.patch_namespaced_custom_object, "kubevirt.io", "v1", namespace,
+                   "virtualmachineinstances", name, patch, _content_type=JSON_PATCH)
+
 
 class LogOnlyApi:
     """No API server (snapshot mode): log each write the guard would make, succeed."""
@@ -134,3 +140,7 @@ class LogOnlyApi:
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         log.info("would update Event (no API server)", extra={"namespace": namespace, "event": name,
                                                                "count": patch.get("count")})
+
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        log.info("would patch VMI (no API server)", extra={"namespace": namespace, "vmi": name,
+                                                            "patch": orjson.dumps(patch).decode()})

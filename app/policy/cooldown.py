@@ -9,8 +9,9 @@
 A VMI is in cooldown while now < last.end + cooldown.
 
 Unlike the plugin, whose history lives in memory, the finished migrations
-are read from cluster objects: the VMI's own ``migrationState`` and the VMIMs
-KubeVirt keeps (the 5 most recent finished per VMI). Replicas and restarts
+are read from cluster objects: the VMI's own ``migrationState``, the VMIMs
+KubeVirt keeps (the 5 most recent finished per VMI) and the guard's history
+annotation on the VMI (older ones, past KubeVirt's 5). Replicas and restarts
 therefore compute the same numbers. A migration counts while
 ``end > now - window`` (strict, as in the plugin).
 """
@@ -60,9 +61,10 @@ def finished_migrations(vmi: VMIRecord, migrations: Iterable[MigrationRecord]) -
     """The union over every source of finished migrations, de-duplicated (see ``dedup``).
 
     Sources, in this order: the VMI's ended ``migrationState``; its Succeeded/Failed
-    VMIMs. Entries whose end cannot be read are dropped (fail open: an unknown end
-    cannot put a VMI in cooldown)."""
-    return dedup([*from_vmi_state(vmi), *from_vmims(vmi, migrations)])
+    VMIMs; the guard's history annotation, as far as those vouch for it. Entries whose
+    end cannot be read are dropped (fail open: an unknown end cannot put a VMI in cooldown)."""
+    known = [*from_vmi_state(vmi), *from_vmims(vmi, migrations)]
+    return dedup([*known, *from_history(vmi, known)])
 
 
 def from_vmi_state(vmi: VMIRecord) -> list[FinishedMigration]:
@@ -75,6 +77,19 @@ def from_vmi_state(vmi: VMIRecord) -> list[FinishedMigration]:
 def from_vmims(vmi: VMIRecord, migrations: Iterable[MigrationRecord]) -> list[FinishedMigration]:
     return [FinishedMigration(m.uid, m.start, m.end) for m in relevant_migrations(vmi, migrations)
             if m.finished and m.end is not None]
+
+
+def from_history(vmi: VMIRecord, known: Sequence[FinishedMigration]) -> list[FinishedMigration]:
+    """The VMI's history annotation (``kubevirt-eviction-guard.io/migration-history``), only
+    when KubeVirt's own objects (``known``) show a finished migration, and only entries that
+    ended before the latest of those and not before the VMI was created. So the
+    annotation can add to the count, never supply the last migration (its end and
+    duration stay KubeVirt's)."""
+    if not vmi.history or not known:
+        return []
+    anchor = max(f.end for f in known)
+    created = vmi.created if vmi.created is not None else float("-inf")
+    return [FinishedMigration(h.uid, h.start, h.end) for h in vmi.history if created <= h.end < anchor]
 
 
 def dedup(candidates: Iterable[FinishedMigration]) -> list[FinishedMigration]:
