@@ -49,17 +49,20 @@ bench-watch: $(STAMP)
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
 
-# The simulator's comparison of off / plugin / guard on the built-in scenarios, written into README.md.
-SCENARIOS = $(addprefix examples/scenarios/,reference-stress.yaml two-retry-loops.yaml mixed-sizes.yaml \
-            drain-during-rebalance.yaml)
+# The simulator's comparison of upstream / profile / node-limit-1 / guard modes on the built-in scenarios,
+# 5 seeds each, on 2 worker processes; writes sim-out/SCENARIO/{summary.json,*.png} and README.md's section.
+SCENARIOS = $(addprefix examples/scenarios/,reference-stress.yaml pilot.yaml failing-migrations.yaml drains.yaml \
+            mixed-sizes.yaml hourly.yaml)
 SIM_STAMP = $(VENV)/.sim-installed-stamp
+SIM_SEEDS ?= 1-5
 
 $(SIM_STAMP): $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,sim]'
 	@touch $(SIM_STAMP)
 
 simulate: $(SIM_STAMP)
-	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --out sim-out --readme README.md
+	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out \
+	  --readme README.md
 
 # Pins for the container image: the working virtualenv, frozen (the Dockerfile installs with --constraint).
 constraints: $(STAMP)

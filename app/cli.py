@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from app import __version__
 from app.cluster.kube import KubeConfigError
 from app.cluster.snapshot import SnapshotError
-from app.config import DURATIONS, SETTING_NAMES, SettingsError, kebab
+from app.config import BOOLS, DURATIONS, SETTING_NAMES, SettingsError, kebab
 from app.startup import UsageError
 from app.tls import TLSError
 
@@ -18,7 +18,8 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("policy settings (override --config)")
     g.add_argument("--config", metavar="FILE", help="YAML file with policy settings (design.md names)")
     for name in SETTING_NAMES:
-        kind = "Go duration" if name in DURATIONS else ("comma-separated" if name == "deschedulerUsers" else "")
+        kind = "Go duration" if name in DURATIONS else ("comma-separated" if name == "deschedulerUsers" else
+                                                        "true|false" if name in BOOLS else "")
         g.add_argument(f"--{kebab(name)}", dest=name, metavar=kind.upper().replace(" ", "_") or "VALUE", default=None)
     g.add_argument("--now", metavar="RFC3339", help="decide as of this time instead of the clock (what-if on a dump)")
 
@@ -70,13 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--graceful-timeout", default="20s", help="on SIGTERM, wait this long for in-flight requests")
     serve.add_argument("--shutdown-drain", default="3s",
                        help="on SIGTERM, report not ready and keep serving this long first (endpoint removal lag)")
-    fx = serve.add_argument_group("side effects (Events, eviction-in-progress annotation)")
+    fx = serve.add_argument_group("side effects (Events, eviction-in-progress annotation, migration history)")
     fx.add_argument("--event-interval", metavar="GO_DURATION", default="1m",
                     help="at most one Event write per VMI and reason per interval (default 1m)")
     fx.add_argument("--side-effect-queue", metavar="N", type=int, default=1000,
                     help="bounded queue of pending side effects; the oldest is dropped when full")
     fx.add_argument("--no-side-effects", action="store_true",
-                    help="log decisions only: no Events, no annotation")
+                    help="log decisions only: no Events, no annotation, no migration history")
+    fx.add_argument("--no-history-annotation", action="store_true",
+                    help="do not keep the VMIs' migration history annotation (cooldown counts only what KubeVirt keeps)")
     serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
                        help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
     serve.add_argument("--tls-reload-interval", type=float, default=5.0, metavar="SECONDS",

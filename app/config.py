@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from app.policy.model import SCOPE_ALL, SCOPE_DESCHEDULER, PolicySettings
-from app.timefmt import parse_duration
+from app.timefmt import format_duration, parse_duration
 
 DURATIONS = {
     "migrationCooldown": "migration_cooldown",
@@ -22,7 +22,8 @@ DURATIONS = {
     "evacuationStaleAfter": "evacuation_stale_after",
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
-SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *POINTS)
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}
+SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS)
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")
 
@@ -110,6 +111,14 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
         if not 0 <= points <= 100:
             raise SettingsError(f"{name}: must be between 0 and 100 score points, got {raw!r}")
         kwargs[attr] = points
+    for name, attr in BOOLS.items():
+        if values.get(name) is not None:
+            raw = values[name]
+            if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+                raw = raw.strip().lower() == "true"
+            if not isinstance(raw, bool):
+                raise SettingsError(f"{name}: must be true or false, got {values[name]!r}")
+            kwargs[attr] = raw
     settings = PolicySettings(**kwargs)
     if (
         settings.max_migration_cooldown > 0
@@ -118,6 +127,13 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
     ):
         raise SettingsError(
             "maxMigrationCooldown: must be 0 (no cap) or at least migrationCooldown "
-            f"({values.get('maxMigrationCooldown')} < {values.get('migrationCooldown', '15m')})"
+            f"({_shown(values, 'maxMigrationCooldown', settings)} < {_shown(values, 'migrationCooldown', settings)})"
         )
     return settings
+
+
+def _shown(values: dict[str, Any], name: str, settings: PolicySettings) -> str:
+    """A duration setting as the admin wrote it, or its value marked as the default."""
+    if values.get(name) is not None:
+        return str(values[name])
+    return f"{format_duration(getattr(settings, DURATIONS[name]))} by default"

@@ -6,7 +6,9 @@ import argparse
 import sys
 from typing import TextIO
 
+from app.cluster.migrations import cause_of
 from app.cluster.store import ClusterStore
+from app.domain.records import COOLDOWN_OVERRIDE, EXEMPT_OVERRIDE, FINAL_PHASES, VMIRecord
 from app.policy import cooldown_state, decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
 from app.policy.decide import describe_in_flight, is_leaving, leaving_age
@@ -56,7 +58,8 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
         return
     node = store.node(pod.node)
     w(f"\npod:      node={pod.node or '-'} phase={pod.phase or '-'} launcher={pod.is_launcher} "
-      f"vmi={pod.vmi_name or '-'} eviction-in-progress={pod.eviction_in_progress}\n")
+      f"vmi={pod.vmi_name or '-'} eviction-in-progress={pod.eviction_in_progress}"
+      f" prefer-no-eviction={pod.prefer_no_eviction}\n")
     w(f"node:     {pod.node or '-'} draining={(node.drain or 'no') if node else 'unknown'}\n")
     vmi = store.vmi(pod.namespace, pod.vmi_name)
     if vmi is None:
@@ -64,6 +67,7 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
     migs = relevant_migrations(vmi, store.migrations(vmi.namespace, vmi.name))
     w(f"vmi:      node={vmi.node or '-'} evacuationNodeName={vmi.evacuation_node or '-'}"
       f" in-flight={describe_in_flight(vmi, migs, now) or 'none'}\n")
+    w(f"per-VM:   {per_vm_choices(vmi, pod.prefer_no_eviction, settings)}\n")
     finished = sorted(finished_migrations(vmi, migs), key=lambda f: f.end)
     w(f"finished migrations ({len(finished)}):\n")
     for f in finished:
@@ -71,10 +75,12 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
         w(f"  ended {format_timestamp(f.end)} ({format_duration(now - f.end)} ago), took {dur}, uid {f.uid or '-'}\n")
     st = cooldown_state(vmi, migs, now, settings)
     if st is not None:
-        w(f"cooldown: base {format_duration(st.base)} = max(migrationCooldown {format_duration(settings.migration_cooldown)},"
+        floor = "migrationCooldown" if st.floor == settings.migration_cooldown else f"{COOLDOWN_OVERRIDE} (this VM)"
+        cap_note = "" if st.cap == settings.max_migration_cooldown else " (raised to this VM's cooldown)"
+        w(f"cooldown: base {format_duration(st.base)} = max({floor} {format_duration(st.floor)},"
           f" last duration {format_duration(st.last_duration) if st.last_duration is not None else 'unknown'});"
           f" x2^({max(st.count, 1)}-1) for {st.count} in {format_duration(settings.migration_history_window)};"
-          f" cap {format_duration(settings.max_migration_cooldown) if settings.max_migration_cooldown else 'none'}"
+          f" cap {format_duration(st.cap) if st.cap else 'none'}{cap_note}"
           f" -> {format_duration(st.cooldown)}, remaining {format_duration(max(st.remaining, 0))}\n")
     leaving = []
     for other in store.leaving_candidates(pod.node):
@@ -112,6 +118,37 @@ def write_ranking(node: str, vmi, store: ClusterStore, now: float, settings: Pol
           f"  {c.hot_after:>9.1f}  {c.target_after:>12.1f}{me}\n")
 
 
+def per_vm_choices(vmi: VMIRecord, pod_prefers: bool, settings: PolicySettings) -> str:
+    """The VM's own choices, from annotations: prefer-no-eviction and the guard's overrides."""
+    where = [w for w, on in (("vmi", vmi.prefer_no_eviction), ("pod", pod_prefers)) if on]
+    if where:
+        honored = "honoured" if settings.honor_prefer_no_eviction else "not honoured: honorPreferNoEviction false"
+        parts = [f"prefer-no-eviction (on the {' and '.join(where)}; {honored}, descheduler evictions only)"]
+    else:
+        parts = ["prefer-no-eviction no"]
+    parts.extend(override_notes(vmi, verbose=True) or [f"no {COOLDOWN_OVERRIDE.split('/')[0]} overrides"])
+    return "; ".join(parts)
+
+
+def override_notes(vmi: VMIRecord, verbose: bool = False) -> list[str]:
+    o = vmi.overrides
+    if o is None:
+        return []
+    notes = []
+    if o.exempt:
+        notes.append(f"{EXEMPT_OVERRIDE}: true (only the in-flight rules apply)" if verbose else "exempt")
+    elif o.exempt_ignored:
+        notes.append(f"{EXEMPT_OVERRIDE}: {o.exempt_ignored!r} ignored (only \"true\" exempts)" if verbose
+                     else "exempt=ignored")
+    if o.cooldown is not None:
+        notes.append(f"{COOLDOWN_OVERRIDE}: {format_duration(o.cooldown)} (replaces migrationCooldown)" if verbose
+                     else f"cooldown={format_duration(o.cooldown)}")
+    elif o.cooldown_ignored:
+        notes.append(f"{COOLDOWN_OVERRIDE}: {o.cooldown_ignored} ignored: bad duration (migrationCooldown used)" if verbose
+                     else "cooldown=ignored(bad-duration)")
+    return notes
+
+
 def report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     settings = policy_settings(args)
@@ -123,14 +160,20 @@ def report(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def vmi_state(store: ClusterStore, vmi, now: float, settings: PolicySettings) -> tuple[list, str]:
     migs = relevant_migrations(vmi, store.migrations(vmi.namespace, vmi.name))
     st = cooldown_state(vmi, migs, now, settings)
+    exempt = vmi.overrides is not None and vmi.overrides.exempt
     if describe_in_flight(vmi, migs, now):
         state = "migrating"
     elif vmi.evacuation_node:
         state = "evacuation-pending"
+    elif exempt:
+        state = "movable"
+    elif vmi.prefer_no_eviction and settings.honor_prefer_no_eviction:
+        state = "prefer-no-eviction"
     elif st is not None and st.active:
         state = "cooldown"
     else:
         state = "movable"
+    notes = (["prefer-no-eviction"] if vmi.prefer_no_eviction else []) + override_notes(vmi)
     row = [
         vmi.namespace, vmi.name, vmi.node or "-",
         str(st.count) if st else "0",
@@ -138,15 +181,69 @@ def vmi_state(store: ClusterStore, vmi, now: float, settings: PolicySettings) ->
         format_duration(st.cooldown) if st else "-",
         format_duration(st.remaining) if st and st.active else "-",
         state,
+        ",".join(notes),
     ]
     return row, state
 
 
 def write_report(store: ClusterStore, now: float, settings: PolicySettings, out: TextIO) -> None:
-    header = ["NAMESPACE", "VMI", "NODE", "MIGRATIONS", "LAST-END", "COOLDOWN", "REMAINING", "STATE"]
+    header = ["NAMESPACE", "VMI", "NODE", "MIGRATIONS", "LAST-END", "COOLDOWN", "REMAINING", "STATE", "NOTES"]
     rows = [vmi_state(store, v, now, settings)[0] for v in sorted(store.vmis(), key=lambda v: v.key)]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         out.write("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")
     out.write(f"\n{len(rows)} VMIs as of {format_timestamp(now)}; migrations counted in the last "
               f"{format_duration(settings.migration_history_window)}\n")
+    write_history(store, out)
+
+
+HISTORY_PER_VMI = 5  # what KubeVirt keeps: the 5 most recent finalized VMIMs per VMI
+
+
+def migration_history(store: ClusterStore, vmi, limit: int = HISTORY_PER_VMI) -> list[list[str]]:
+    """The VMI's last migrations, newest first: VMIMs, plus its ``migrationState`` when that
+    migration's VMIM is gone. Each row: ended, cause, priority, annotations, route, outcome, VMIM."""
+    entries = []
+    latest = vmi.migration
+    vmims = store.migrations(vmi.namespace, vmi.name)
+    for m in vmims:
+        state = latest if latest is not None and latest.uid and latest.uid == m.uid else None
+        source = m.source_node or (state.source_node if state else "")
+        target = m.target_node or (state.target_node if state else "")
+        if m.phase in FINAL_PHASES:
+            outcome = m.phase
+        else:
+            outcome = f"in flight ({m.phase or 'queued'})"
+        notes = [f"evacuationMigration={m.evacuation_node}" if m.evacuation_node else "",
+                 f"workloadUpdateMigration={m.workload_update}" if m.workload_update else ""]
+        when = m.end if m.finished else None
+        entries.append((when if when is not None else m.start or m.created or 0.0, [
+            format_timestamp(when) if when is not None else "-", cause_of(m), m.priority or "-",
+            ",".join(n for n in notes if n) or "-", f"{source or '?'} -> {target or '?'}", outcome, m.name]))
+    if latest is not None and latest.started and not any(m.uid == latest.uid for m in vmims if latest.uid):
+        outcome = "in flight" if latest.in_flight else ("Failed" if latest.failed else "Succeeded")
+        when = latest.end if latest.ended else None
+        entries.append((when if when is not None else latest.start or 0.0, [
+            format_timestamp(when) if when is not None else "-", "unknown", "-", "-",
+            f"{latest.source_node or '?'} -> {latest.target_node or '?'}", outcome,
+            "(VMIM gone; from the VMI's migrationState)"]))
+    entries.sort(key=lambda e: e[0], reverse=True)
+    return [row for _, row in entries[:limit]]
+
+
+def write_history(store: ClusterStore, out: TextIO, limit: int = HISTORY_PER_VMI) -> None:
+    """Why each VM moved: its last migrations with their cause (VMIM ``spec.priority``:
+    system-maintenance = descheduler, system-critical = drain or evacuation, user-triggered = user)."""
+    header = ["  VMI", "ENDED", "CAUSE", "PRIORITY", "ANNOTATIONS", "SOURCE -> TARGET", "OUTCOME", "MIGRATION"]
+    rows = []
+    for vmi in sorted(store.vmis(), key=lambda v: v.key):
+        for row in migration_history(store, vmi, limit):
+            rows.append([f"  {vmi.namespace}/{vmi.name}", *row])
+    out.write(f"\nRecent migrations (newest first, up to {limit} per VMI; cause from the VMIM's spec.priority: "
+              "system-maintenance = descheduler, system-critical = drain or evacuation, user-triggered = user):\n")
+    if not rows:
+        out.write("  none\n")
+        return
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        out.write("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")

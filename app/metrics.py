@@ -24,7 +24,7 @@ class Metrics:
         self.decisions = Counter(PREFIX + "decisions_total", "Admission decisions", ["decision", "reason"], registry=r)
         self.blocks = Counter(PREFIX + "blocks_total", "Evictions denied", ["reason", "node", "namespace"], registry=r)
         self.effective_cooldown = Histogram(
-            PREFIX + "effective_cooldown_seconds", "Effective cooldown of VMIs evaluated for cooldown",
+            PREFIX + "effective_cooldown_seconds", "Effective cooldown of the evictions denied for cooldown (blocks only, as the plugin)",
             buckets=COOLDOWN_BUCKETS, registry=r,
         )
         self.admission_duration = Histogram(
@@ -53,6 +53,9 @@ class Metrics:
                                          "Age of the usage data from Prometheus that steering decides with", registry=r)
         self.prometheus_queries = Counter(PREFIX + "prometheus_queries_total", "Prometheus query rounds, by outcome",
                                           ["outcome"], registry=r)
+        # cause: descheduler | evacuation | user | workload-update | unknown (app/cluster/migrations.py)
+        self.migrations = Counter(PREFIX + "migrations_total", "VMIMs seen to finish, by cause and outcome",
+                                  ["cause", "outcome"], registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
 
     def render(self) -> tuple[bytes, str]:

@@ -110,6 +110,8 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         cluster.board.stale_after = limit
         metrics = cluster.metrics or Metrics()
         effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
+        if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
+            effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
@@ -173,7 +175,7 @@ def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics,
     api = KubeEffectsApi(api_client) if api_client is not None else LogOnlyApi()
     on = not args.no_side_effects
     return Effects(view, api, metrics, queue_capacity=args.side_effect_queue, event_interval=interval,
-                   annotate=on, events=on)
+                   annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users)
 
 
 def serve(args: argparse.Namespace) -> int:

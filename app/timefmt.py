@@ -59,17 +59,47 @@ def format_duration(seconds: float) -> str:
     return f"{sign}{s}s"
 
 
+# What Go's time.Parse(time.RFC3339, s) accepts, which is how the plugin and
+# kube-apiserver read timestamps: a 1- or 2-digit hour (Parse's "15" is not
+# zero-padded), a fractional second after "." or "," of any length (cut to
+# nanoseconds), "Z" or an offset up to 24:60 (Parse's range test is ">").
+# Upper case "T" and "Z" only; no spaces, no missing zone, nothing after.
+_GO_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{1,2}):([0-9]{2}):([0-9]{2})"
+    r"(?:[.,]([0-9]+))?(?:(Z)|([+-])([0-9]{2}):([0-9]{2}))"
+)
+
+
 def parse_timestamp(value: object) -> float | None:
-    """RFC 3339 timestamp as the API server writes it -> epoch seconds; None when absent or malformed."""
+    """A timestamp as Go's ``time.Parse(time.RFC3339, ...)`` reads it -> epoch seconds.
+
+    None when absent or when Go would refuse it (the plugin fails open on those, and so
+    does the guard): zone-less, space-separated, compact and date-only forms included.
+    Year 0, which Go reads and Python cannot represent, is refused too.
+    """
     if not isinstance(value, str) or not value:
         return None
-    try:
-        dt = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
-    except ValueError:
+    m = _GO_RFC3339.fullmatch(value)
+    if m is None:
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+    year, month, day, hour, minute, second = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    try:
+        dt = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
+    except ValueError:  # month or day out of range (Go checks the day against the month too)
+        return None
+    epoch = dt.timestamp()
+    fraction = m.group(7)
+    if fraction:
+        epoch += int(fraction[:9]) / 10 ** len(fraction[:9])
+    if m.group(8) is None:
+        off_h, off_m = int(m.group(10)), int(m.group(11))
+        if off_h > 24 or off_m > 60:
+            return None
+        offset = off_h * 3600 + off_m * 60
+        epoch -= offset if m.group(9) == "+" else -offset
+    return epoch
 
 
 def format_timestamp(epoch: float | None) -> str:

@@ -44,7 +44,8 @@ def mstate(uid: str, src: str, dst: str, start: float | None, end: float | None 
     return s
 
 
-def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | None = None, evacuation: str | None = None) -> dict:
+def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | None = None, evacuation: str | None = None,
+        annotations: dict | None = None) -> dict:
     status: dict = {"phase": "Running", "nodeName": node_name}
     if migration is not None:
         status["migrationState"] = migration
@@ -52,7 +53,8 @@ def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | No
         status["evacuationNodeName"] = evacuation
     return {
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created)},
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created),
+                     **({"annotations": annotations} if annotations else {})},
         "status": status,
     }
 
@@ -71,16 +73,18 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
 
 
 def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,
-        launcher: bool = True, domain: bool = True) -> dict:
+        launcher: bool = True, domain: bool = True, annotations: dict | None = None, ready: bool | None = None) -> dict:
+    ready = phase == "Running" if ready is None else ready
     labels = {"kubevirt.io": "virt-launcher"} if launcher else {"app": "web"}
     if job:
         labels["kubevirt.io/migrationJobUID"] = job
-    annotations = {"kubevirt.io/domain": vmi_name} if domain else {}
+    annotations = {**({"kubevirt.io/domain": vmi_name} if domain else {}), **(annotations or {})}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name or f"virt-launcher-{vmi_name}-abcde", "namespace": NS, "resourceVersion": "7",
                      "labels": labels, "annotations": annotations},
-        "spec": {"nodeName": node_name}, "status": {"phase": phase},
+        "spec": {"nodeName": node_name},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 
@@ -119,3 +123,24 @@ def usage_snapshot(age: float = 30, hot: str = "worker-a", max_age: float = 90) 
            (NS, "big"): VMUsage(hot, 12.0, 16 * GIB)}
     return UsageSnapshot(taken_at=NOW - age, max_age=max_age, nodes=MappingProxyType(nodes), vms=MappingProxyType(vms),
                          averages=avg)
+
+
+def history_annotation(*entries: tuple[str, float | None, float]) -> dict:
+    """The guard's migration-history annotation for (uid, start, end) in minutes before NOW."""
+    import json
+
+    from app.domain.history import HISTORY_ANNOTATION
+
+    return {HISTORY_ANNOTATION: json.dumps([{"uid": u, "start": ts(s), "end": ts(e), "outcome": "Succeeded"}
+                                            for u, s, e in entries])}
+
+
+def six_short_migrations(name: str = "db", node_name: str = "worker-a") -> list[dict]:
+    """The issue's case: six 10-minute migrations in 48 h (one an hour, the last ended 1 minute
+    ago), KubeVirt has garbage-collected the oldest VMIM, the guard's annotation has all six."""
+    runs = [(f"m{i}", 11 + 60 * i, 1 + 60 * i) for i in range(6)]  # m0 newest
+    nodes = ("worker-b", node_name)
+    v = vmi(name, node_name, migration=mstate("m0", nodes[0], nodes[1], 11, 1), annotations=history_annotation(*runs))
+    kept = [vmim(u, name, "Succeeded", s + 1, mstate(u, nodes[i % 2], nodes[(i + 1) % 2], s, e))
+            for i, (u, s, e) in enumerate(runs[:5])]
+    return [v, *kept]

@@ -229,7 +229,7 @@ def test_args_are_accepted_by_the_guards_own_command_line():
 def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     policy = {"migrationCooldown": "10m", "maxMigrationCooldown": "0", "migrationHistoryWindow": "24h",
               "cooldownScope": "all", "deschedulerUsers": ["system:serviceaccount:kube-system:descheduler"],
-              "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m"}
+              "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m", "honorPreferNoEviction": False}
     docs = render({"policy": policy})
     (tmp_path / "config.yaml").write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     settings = build_settings(load_config_file(tmp_path / "config.yaml"))
@@ -237,6 +237,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     assert settings.migration_history_window == 86400 and settings.cooldown_scope == "all"
     assert settings.descheduler_users == frozenset(policy["deschedulerUsers"])
     assert settings.pending_evacuations_per_node == 2 and settings.evacuation_stale_after == 5400
+    assert settings.honor_prefer_no_eviction is False
     # a policy change rolls the pods (the config checksum is in the pod template)
     before = one(render(), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     after = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
@@ -268,9 +269,10 @@ def grants(role: dict) -> set[tuple[str, str, str]]:
 LEAST_PRIVILEGE = (
     {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
                             ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
-    | {("", "pods", "patch")}
+    | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch")}
     | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
 )
+HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
 
 
@@ -280,6 +282,10 @@ def test_rbac_grants_exactly_the_listed_verbs():
     assert grants(role) == LEAST_PRIVILEGE | DESCHEDULER_READ
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
     assert grants(one(render({"deschedulerCheck": {"enabled": False}}), "ClusterRole")) == LEAST_PRIVILEGE
+    no_history = render({"historyAnnotation": {"enabled": False}})
+    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | DESCHEDULER_READ
+    assert "--no-history-annotation" in container(no_history)["args"]
+    assert "--no-history-annotation" not in container(docs)["args"]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")
@@ -529,6 +535,9 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         assert used and used <= exported, f"{name} uses series the guard does not export: {used - exported}"
         assert f'job="{FULLNAME}"' in expr and f'namespace="{NS}"' in expr, name
     assert 'state="disabled"' in alerts["KubevirtEvictionGuardDeschedulerMisconfigured"]["expr"]
+    fix = alerts["KubevirtEvictionGuardDeschedulerMisconfigured"]["annotations"]["description"]
+    assert "KubeVirtRelieveAndMigrate" in fix and "devEnableEvictionsInBackground: true" in fix  # names the fix
+    assert "openshift-kube-descheduler-operator" in fix
     assert 'le="14400.0"' in alerts["KubevirtEvictionGuardCooldownPinnedAtMaximum"]["expr"]  # Python's le spelling
     assert "by (node)" in alerts["KubevirtEvictionGuardNodeBlockingSustained"]["expr"]
 
@@ -587,6 +596,7 @@ def test_schema_declares_every_value():
     ({"policy": {"migrationCooldown": "15 minutes"}}, "/policy/migrationCooldown"),
     ({"policy": {"cooldownScope": "some"}}, "/policy/cooldownScope"),
     ({"policy": {"pendingEvacuationsPerNode": -1}}, "/policy/pendingEvacuationsPerNode"),
+    ({"policy": {"honorPreferNoEviction": "yes"}}, "/policy/honorPreferNoEviction"),
     ({"replicaCount": 0}, "/replicaCount"),
     ({"podAntiAffinity": "maybe"}, "/podAntiAffinity"),
     ({"server": {"port": 70000}}, "/server/port"),

@@ -46,6 +46,8 @@ def test_zero_means_zero() -> None:
     ({"pendingEvacuationsPerNode": "many"}, "pendingEvacuationsPerNode"),
     ({"deschedulerUsers": [1, 2]}, "deschedulerUsers"),
     ({"evacuationStaleAfter": "-1s"}, "evacuationStaleAfter"),
+    ({"honorPreferNoEviction": "yes"}, "honorPreferNoEviction"),
+    ({"honorPreferNoEviction": 1}, "honorPreferNoEviction"),
 ])
 def test_invalid_settings_name_the_setting(values, named) -> None:
     with pytest.raises(SettingsError) as e:
@@ -73,3 +75,19 @@ def test_bad_config_file(tmp_path, content, problem) -> None:
 def test_unreadable_config_file(tmp_path) -> None:
     with pytest.raises(SettingsError, match="cannot read"):
         load_config_file(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("values, shown", [
+    ({"migrationCooldown": "8h"}, "(6h0m0s by default < 8h)"),
+    ({"maxMigrationCooldown": "10m"}, "(10m < 15m0s by default)"),
+    ({"migrationCooldown": "1h", "maxMigrationCooldown": "30m"}, "(30m < 1h)"),
+])
+def test_cap_below_floor_message_shows_values_never_none(values, shown) -> None:
+    with pytest.raises(SettingsError) as e:
+        build_settings(values)
+    assert str(e.value).endswith(shown) and "None" not in str(e.value)
+
+
+@pytest.mark.parametrize("raw, honored", [(True, True), (False, False), ("true", True), ("False", False), (None, True)])
+def test_honor_prefer_no_eviction(raw, honored) -> None:
+    assert build_settings({"honorPreferNoEviction": raw}).honor_prefer_no_eviction is honored

@@ -9,16 +9,19 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from app.cluster.descheduler import DeschedulerCheck, background_evictions
+from app.cluster.descheduler import DeschedulerCheck, background_evictions, config_labels
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(60)
 NS = "openshift-kube-descheduler-operator"
 METRIC = "kubevirt_eviction_guard_descheduler_background_evictions"
+INFO = "kubevirt_eviction_guard_descheduler_config_info"
 
 
-def kubedescheduler(background: bool | None, name: str = "cluster", namespace: str = NS) -> dict:
-    spec: dict = {"managementState": "Managed", "profiles": ["KubeVirtRelieveAndMigrate"]}
+def kubedescheduler(background: bool | None, name: str = "cluster", namespace: str = NS,
+                    profiles: tuple[str, ...] = ("AffinityAndTaints",), **extra) -> dict:
+    """A KubeDescheduler; by default with a profile that leaves background evictions to the flag."""
+    spec: dict = {"managementState": "Managed", "profiles": list(profiles), **extra}
     if background is not None:
         spec["profileCustomizations"] = {"devEnableEvictionsInBackground": background}
     return {"apiVersion": "operator.openshift.io/v1", "kind": "KubeDescheduler",
@@ -72,7 +75,15 @@ def discovery_calls(api: FakeApiServer) -> int:
     return sum(1 for r in list(api.requests) if r.path == "/apis/operator.openshift.io/v1")
 
 
+def info(registry: CollectorRegistry) -> list[dict[str, str]]:
+    return [s.labels for f in registry.collect() for s in f.samples if s.name == INFO and s.value == 1]
+
+
 @pytest.mark.parametrize(("obj", "state"), [
+    ({"spec": {"profiles": ["KubeVirtRelieveAndMigrate"]}}, "enabled"),  # the operator turns it on itself
+    ({"spec": {"profiles": ["DevKubeVirtRelieveAndMigrate"]}}, "enabled"),  # deprecated spelling, same rule
+    ({"spec": {"profiles": ["LifecycleAndUtilization"]}}, "disabled"),
+    ({"spec": {"profiles": "KubeVirtRelieveAndMigrate"}}, "disabled"),  # not a list
     ({"spec": {"profileCustomizations": {"devEnableEvictionsInBackground": True}}}, "enabled"),
     ({"spec": {"profileCustomizations": {"devEnableEvictionsInBackground": False}}}, "disabled"),
     ({"spec": {"profileCustomizations": {"devEnableEvictionsInBackground": "true"}}}, "disabled"),  # not a bool
@@ -83,6 +94,82 @@ def discovery_calls(api: FakeApiServer) -> int:
 ])
 def test_state_of_an_object(obj, state):
     assert background_evictions(obj) == state
+
+
+# The seven combinations of the issue, each through the real client against the fake API over HTTP.
+COMBINATIONS = {
+    "profile only": (kubedescheduler(None, profiles=("KubeVirtRelieveAndMigrate",)), "enabled", "profile"),
+    "dev flag only": (kubedescheduler(True, profiles=("LifecycleAndUtilization",)), "enabled", "flag"),
+    "both": (kubedescheduler(True, profiles=("KubeVirtRelieveAndMigrate",)), "enabled", "profile+flag"),
+    "neither": (kubedescheduler(False, profiles=("LifecycleAndUtilization",)), "disabled", ""),
+    "another profile": (kubedescheduler(None, profiles=("AffinityAndTaints", "TopologyAndDuplicates")), "disabled", ""),
+    "object absent": (None, "unknown", None),
+    "forbidden": (kubedescheduler(None, profiles=("KubeVirtRelieveAndMigrate",)), "unknown", None),
+}
+
+
+@pytest.mark.parametrize("case", list(COMBINATIONS))
+def test_combinations_over_http(api, start, case, caplog):
+    obj, state, by = COMBINATIONS[case]
+    if obj is not None:
+        api.put(obj)
+    if case == "forbidden":
+        api.forbid("kubedescheduler")
+    with caplog.at_level(logging.INFO, logger="kubevirt_eviction_guard.descheduler"):
+        check, registry = start()
+        if state == "unknown":  # unknown is also the starting state: wait until the API has answered
+            assert eventually(lambda: any(r.status in (403, 200) for r in api.requests_for("kubedescheduler")))
+            time.sleep(0.2)
+        assert eventually(lambda: check.state == state), (case, check.state)
+    assert gauge(registry) == one_hot(state)
+    if by is None:
+        assert info(registry) == [], "no configuration series while the object is unknown"
+    else:
+        (labels,) = info(registry)
+        assert labels["background_evictions_by"] == by
+        assert labels["profiles"] == ",".join(obj["spec"]["profiles"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if state == "disabled":
+        assert warnings and "KubeVirtRelieveAndMigrate" in warnings[0] and "devEnableEvictionsInBackground: true" in warnings[0]
+    else:
+        assert not warnings
+    if case == "forbidden":
+        assert any(r.status == 403 for r in api.requests_for("kubedescheduler"))
+
+
+def test_config_labels_of_the_kubevirt_profile():
+    obj = kubedescheduler(None, profiles=("KubeVirtRelieveAndMigrate",), deschedulingIntervalSeconds=60,
+                          mode="Automatic")
+    obj["spec"]["profileCustomizations"] = {"devMigrationCooldown": "30m"}
+    assert config_labels(obj) == {
+        "profiles": "KubeVirtRelieveAndMigrate", "mode": "Automatic", "interval_seconds": "60",
+        "eviction_limit_total": "5", "eviction_limit_node": "2",  # the operator's defaults for this profile
+        "migration_aware_plugin": "true", "background_evictions_by": "profile",
+        "migration_cooldown": "30m", "max_migration_cooldown": "", "migration_history_window": "",
+    }
+    obj["spec"]["evictionLimits"] = {"total": 10, "node": 3}
+    assert (config_labels(obj)["eviction_limit_total"], config_labels(obj)["eviction_limit_node"]) == ("10", "3")
+
+
+def test_config_labels_of_another_profile():
+    labels = config_labels(kubedescheduler(True, profiles=("LifecycleAndUtilization",)))
+    assert labels["mode"] == "Predictive"  # the CRD's default
+    assert labels["interval_seconds"] == ""
+    assert (labels["eviction_limit_total"], labels["eviction_limit_node"]) == ("", "")  # no limit
+    assert labels["migration_aware_plugin"] == "false" and labels["background_evictions_by"] == "flag"
+    odd = config_labels({"spec": {"profiles": [1, "X"], "evictionLimits": {"node": "2"}, "deschedulingIntervalSeconds": True}})
+    assert odd["profiles"] == "X" and odd["eviction_limit_node"] == "" and odd["interval_seconds"] == ""
+
+
+def test_config_series_follows_the_object(api, start):
+    api.put(kubedescheduler(None, profiles=("KubeVirtRelieveAndMigrate",), deschedulingIntervalSeconds=3600))
+    check, registry = start()
+    assert eventually(lambda: [lab.get("interval_seconds") for lab in info(registry)] == ["3600"])
+    api.put(kubedescheduler(None, profiles=("KubeVirtRelieveAndMigrate",), deschedulingIntervalSeconds=60))
+    assert eventually(lambda: [lab.get("interval_seconds") for lab in info(registry)] == ["60"]), "one series, replaced"
+    api.delete("kubedescheduler", NS, "cluster")
+    assert eventually(lambda: info(registry) == [])
+    assert check.state == "unknown"
 
 
 def test_absent_api_is_unknown_and_quiet(api, start, caplog):

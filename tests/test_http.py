@@ -17,6 +17,7 @@ from tests.guard_process import GuardProcess
 
 ADMISSION = FIXTURES / "admission"
 NOW_ARG = "2026-11-21T12:00:00Z"  # builders.NOW
+PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
 
 RECENT = mstate("m-recent", "worker-b", "worker-a", start=7, end=5)
 OBJECTS = [
@@ -30,6 +31,10 @@ OBJECTS = [
     node("worker-c"), vmi("c-allow", "worker-c"), pod("c-allow", "worker-c", name="virt-launcher-c-allow-fake"),
     vmi("grace", "worker-b", migration=RECENT), pod("grace", "worker-b", name="virt-launcher-grace"),
     vmim("m-recent", "plain", "Succeeded", 8, RECENT),
+    vmi("shy", "worker-b", annotations={PREFER_NO_EVICTION: ""}),
+    pod("shy", "worker-b", name="virt-launcher-shy", annotations={PREFER_NO_EVICTION: ""}),
+    vmi("rested", "worker-c", migration=mstate("m-old", "worker-a", "worker-c", start=40, end=30)),  # cooldown over
+    pod("rested", "worker-c", name="virt-launcher-rested"),
 ]
 
 # fixture -> (allowed, reason, dry run)
@@ -185,6 +190,42 @@ def test_health_ready_metrics(client) -> None:
     assert 'kubevirt_eviction_guard_decisions_total{decision="denied",reason="cooldown"}' in text
     assert 'kubevirt_eviction_guard_blocks_total{namespace="vms",node="worker-a",reason="cooldown"}' in text
     assert "kubevirt_eviction_guard_admission_duration_seconds_bucket" in text
+
+
+def descheduler_review(pod_name: str) -> dict:
+    review = json.loads((ADMISSION / "eviction-requested-by-descheduler.mutating.json").read_text())
+    review["request"]["name"] = pod_name
+    return review
+
+
+def test_prefer_no_eviction_denial_over_the_wire(client) -> None:
+    r = post(client, descheduler_review("virt-launcher-shy"))
+    assert "retryAfterSeconds" not in r.text
+    resp = r.json()["response"]
+    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == "prefer_no_eviction"
+    assert (resp["status"]["code"], resp["status"]["reason"]) == (429, "TooManyRequests")
+    assert "prefers not to be evicted by the descheduler" in resp["status"]["message"]
+    assert "Eviction triggered evacuation" not in resp["status"]["message"]  # not counted as running in the background
+    plain = base_review()  # no requested-by: an admin's eviction is not held back by the annotation
+    plain["request"]["name"] = "virt-launcher-shy"
+    assert post(client, plain).json()["response"]["auditAnnotations"]["reason"] == "allowed"
+
+
+def cooldown_observations(client) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("kubevirt_eviction_guard_effective_cooldown_seconds_count "):
+            return float(line.split()[1])
+    raise AssertionError("histogram missing")
+
+
+def test_cooldown_histogram_observes_denials_only(client) -> None:
+    before = cooldown_observations(client)
+    allowed = post(client, descheduler_review("virt-launcher-rested")).json()["response"]  # history, cooldown over
+    assert allowed["allowed"] is True
+    assert cooldown_observations(client) == before
+    denied = post(client, descheduler_review("virt-launcher-desched")).json()["response"]
+    assert denied["auditAnnotations"]["reason"] == "cooldown"
+    assert cooldown_observations(client) == before + 1
 
 
 def test_server_survives_bad_input_and_logs_decisions(guard, client) -> None:

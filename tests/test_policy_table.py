@@ -13,7 +13,7 @@ import pytest
 from app.domain.usage import UsageSnapshot
 from app.domain.view import CacheHealth
 from app.policy import EvictionRequest, PolicySettings, decide
-from tests.builders import MIN, NOW, mstate, node, pod, store_of, usage_snapshot, vmi, vmim
+from tests.builders import MIN, NOW, mstate, node, pod, six_short_migrations, store_of, usage_snapshot, vmi, vmim
 
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
          node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), node("worker-e", taints=("node.kubernetes.io/unschedulable",)),
@@ -52,6 +52,13 @@ WEB_LEAVING = [vmi("web", "worker-a", evacuation="worker-a"), pod("web", "worker
 P_WEB, P_BIG = "virt-launcher-web-abcde", "virt-launcher-big-abcde"
 STEER = [DB, DB_POD, vmi("web", "worker-a"), pod("web", "worker-a"), vmi("big", "worker-a"), pod("big", "worker-a")]
 USAGE = usage_snapshot()
+PNE = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
+EX = "kubevirt-eviction-guard.io/exempt"
+CD = "kubevirt-eviction-guard.io/migration-cooldown"
+EXEMPT = {EX: "true"}
+DB_PNE = vmi("db", "worker-a", annotations={PNE: ""})
+DB_POD_PNE = pod("db", "worker-a", annotations={PNE: ""})
+UIDLESS = {k: v for k, v in RECENT.items() if k != "migrationUid"}
 
 ROWS = [
     # 1. not a CREATE of pods/eviction
@@ -96,6 +103,36 @@ ROWS = [
         BG + ': VMI is marked for evacuation from node "worker-a"'),
     Row("7 evacuation pending also blocks drains", [vmi("db", "worker-c", evacuation="worker-c"), pod("db", "worker-c")], user(),
         False, "evacuation_pending"),
+    # 7a. prefer-no-eviction (descheduler evictions only; presence of the annotation is what counts)
+    Row("7a prefer-no-eviction on the launcher pod", [DB, pod("db", "worker-a", annotations={PNE: ""}), *WEB_LEAVING], desched(),
+        False, "prefer_no_eviction", 'VMI "vms/db" prefers not to be evicted by the descheduler'),
+    Row("7a prefer-no-eviction on the VMI only", [vmi("db", "worker-a", annotations={PNE: "true"}), DB_POD], desched(), False,
+        "prefer_no_eviction"),
+    Row("7a deschedulerUsers count as the descheduler", [DB, pod("db", "worker-a", annotations={PNE: ""})],
+        user(username="ops:rebalancer"), False, "prefer_no_eviction", settings=PolicySettings(descheduler_users=frozenset({"ops:rebalancer"}))),
+    Row("7a not for an admin eviction", [DB_PNE, DB_POD_PNE], user(), True, "allowed"),
+    Row("7a not for an admin eviction, even with cooldownScope all", [DB_PNE, DB_POD_PNE], user(), True, "allowed",
+        settings=PolicySettings(cooldown_scope="all")),
+    Row("7a not on a node being drained", [vmi("db", "worker-c", annotations={PNE: ""}), pod("db", "worker-c", annotations={PNE: ""})],
+        desched(), True, "allowed", "being drained"),
+    Row("7a honorPreferNoEviction false", [DB_PNE, DB_POD_PNE], desched(), True, "allowed",
+        settings=PolicySettings(honor_prefer_no_eviction=False)),
+    Row("7a in-flight rules come first", [vmi("db", "worker-a", migration=mstate("m3", "worker-a", "worker-b", 2), annotations={PNE: ""}),
+        DB_POD_PNE], desched(), False, "migration_in_progress", BG),
+    # exempt: "true" skips 7a, 8 and 9, never 5 to 7; a malformed override is ignored
+    Row("exempt VM in cooldown", [vmi("db", "worker-a", migration=RECENT, annotations=EXEMPT), DB_POD], desched(), True, "allowed",
+        "exempt"),
+    Row("exempt VM on a busy node", [vmi("db", "worker-a", annotations={EX: "True"}), DB_POD, *WEB_LEAVING], desched(), True,
+        "allowed", "exempt"),
+    Row("exempt VM that prefers no eviction", [vmi("db", "worker-a", annotations={**EXEMPT, PNE: ""}), DB_POD_PNE], desched(), True,
+        "allowed", "exempt"),
+    Row("exempt VM still held while migrating", [vmi("db", "worker-a", migration=mstate("m3", "worker-a", "worker-b", 2),
+        annotations=EXEMPT), DB_POD], desched(), False, "migration_in_progress"),
+    Row("exempt VM still held while marked for evacuation", [vmi("db", "worker-a", evacuation="worker-a", annotations=EXEMPT),
+        DB_POD], user(), False, "evacuation_pending"),
+    Row("exempt VM's target pod still held", [vmi("db", "worker-b", annotations=EXEMPT), DB_POD], user(), False, "migration_target"),
+    Row("exempt: a value other than true is ignored", [vmi("db", "worker-a", migration=RECENT, annotations={EX: "yes"}), DB_POD],
+        desched(), False, "cooldown"),
     # 8. node budget
     Row("8 another VM leaving the node", [DB, DB_POD, *WEB_LEAVING], desched(), False, "node_busy",
         'node "worker-a" already has 1 VM(s) leaving (vms/web); retry after they finish'),
@@ -158,6 +195,29 @@ ROWS = [
         settings=PolicySettings(migration_cooldown=0, max_migration_cooldown=0)),
     Row("9 failed migration counts", [vmi("db", "worker-a", migration=mstate("m1", "worker-a", "worker-b", 7, 5, failed=True)), DB_POD],
         desched(), False, "cooldown"),
+    Row("9 history annotation counts past KubeVirt's 5 VMIMs", [*six_short_migrations(), DB_POD], desched(), False,
+        "cooldown", "cooldown 6h0m0s (6 migrations in the last 48h0m0s)"),
+    Row("9 a migration that ended exactly migrationHistoryWindow ago is not counted (strict, as the plugin)",
+        [vmi("db", "worker-a", migration=RECENT), DB_POD, vmim("old", "db", "Succeeded", 48 * 60 + 3,
+         mstate("old", "worker-a", "worker-b", 48 * 60 + 2, 48 * 60))], desched(), False, "cooldown",
+        "cooldown 15m0s (1 migration in the last 48h0m0s)"),
+    Row("9 uid-less migration seen on the VMI and as a VMIM counts once",
+        [vmi("db", "worker-a", migration=UIDLESS), DB_POD, vmim("m1", "db", "Succeeded", 8, RECENT)], desched(), False, "cooldown",
+        "cooldown 15m0s (1 migration in the last 48h0m0s)"),
+    # 9 with the VM's own migration-cooldown (replaces migrationCooldown; a cap below it is raised to it)
+    Row("9 per-VM cooldown 1h", [vmi("db", "worker-a", migration=RECENT, annotations={CD: "1h"}), DB_POD], desched(), False,
+        "cooldown", "cooldown 1h0m0s (1 migration in the last 48h0m0s), retry in 55m0s"),
+    Row("9 per-VM cooldown 0: the last duration (2m) is the base", [vmi("db", "worker-a", migration=RECENT, annotations={CD: "0"}),
+        DB_POD], desched(), True, "allowed"),
+    Row("9 per-VM cooldown above the cap raises the cap for that VM", [vmi("db", "worker-a", migration=RECENT,
+        annotations={CD: "12h"}), DB_POD], desched(), False, "cooldown", "cooldown 12h0m0s"),
+    Row("9 per-VM cooldown backs off like the global one", [vmi("db", "worker-a", migration=RECENT, annotations={CD: "5m"}), DB_POD,
+        vmim("m0", "db", "Succeeded", 62, mstate("m0", "worker-b", "worker-a", 61, 60))], desched(), False, "cooldown",
+        "cooldown 10m0s (2 migrations in the last 48h0m0s), retry in 5m0s"),
+    Row("9 per-VM cooldown that is not a Go duration is ignored", [vmi("db", "worker-a", migration=RECENT,
+        annotations={CD: "15 minutes"}), DB_POD], desched(), False, "cooldown", "cooldown 15m0s"),
+    Row("9 negative per-VM cooldown is ignored", [vmi("db", "worker-a", migration=RECENT, annotations={CD: "-5m"}), DB_POD],
+        desched(), False, "cooldown", "cooldown 15m0s"),
     # 10. steering with Prometheus data (hot worker-a: db 2 cores, web 6, big 12; predicted gains 11, 30, 36 points)
     Row("10 another VM on the node helps clearly more", STEER, desched(), False, "better_candidate",
         'moving vms/big would help node "worker-a" more: lowers it by 36', usage=USAGE),
@@ -182,6 +242,11 @@ ROWS = [
     Row("10 drains are exempt", [vmi("db", "worker-c"), pod("db", "worker-c")], desched(), True, "allowed", "being drained",
         usage=usage_snapshot(hot="worker-c")),
     Row("10 not a descheduler eviction", STEER, user(), True, "allowed", usage=USAGE),
+    Row("10 cooldownScope all still steers descheduler evictions only", STEER, user(), True, "allowed", usage=USAGE,
+        settings=PolicySettings(cooldown_scope="all")),
+    Row("10 a VM that prefers not to be evicted is no candidate",
+        [*STEER[:-2], vmi("big", "worker-a", annotations={PNE: ""}), pod("big", "worker-a")], desched(), False,
+        "better_candidate", "moving vms/web", usage=USAGE),
     Row("10 off without Prometheus", STEER, desched(), True, "allowed"),
     # 11. otherwise
     Row("11 quiet VM", [DB, DB_POD], desched(), True, "allowed"),

@@ -75,6 +75,40 @@ ITEMS = [node("worker-a"), vmi("db", "worker-a"), vmim("m1", "db", "Succeeded", 
          {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "vms"}}]
 
 
+PNE = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
+
+
+@pytest.mark.parametrize("annotations, prefer", [({PNE: ""}, True), ({PNE: "false"}, True), ({}, False), ({"other": "x"}, False)])
+def test_prefer_no_eviction_is_the_key_present(annotations, prefer) -> None:
+    # the descheduler's HaveNoEvictionAnnotation: `_, found := annotations[key]`
+    assert vmi_from_object(vmi("db", "a", annotations=annotations)).prefer_no_eviction is prefer
+    assert pod_from_object(pod("db", "a", annotations=annotations)).prefer_no_eviction is prefer
+
+
+@pytest.mark.parametrize("annotations, exempt, exempt_ignored, cooldown, cooldown_ignored", [
+    ({"kubevirt-eviction-guard.io/exempt": "true"}, True, "", None, ""),
+    ({"kubevirt-eviction-guard.io/exempt": " TRUE "}, True, "", None, ""),
+    ({"kubevirt-eviction-guard.io/exempt": "false"}, False, "", None, ""),
+    ({"kubevirt-eviction-guard.io/exempt": "yes"}, False, "yes", None, ""),
+    ({"kubevirt-eviction-guard.io/migration-cooldown": "1h30m"}, False, "", 5400, ""),
+    ({"kubevirt-eviction-guard.io/migration-cooldown": "0"}, False, "", 0, ""),
+    ({"kubevirt-eviction-guard.io/migration-cooldown": "90"}, False, "", None, "90"),
+    ({"kubevirt-eviction-guard.io/migration-cooldown": "-5m"}, False, "", None, "-5m"),
+    ({"kubevirt-eviction-guard.io/migration-cooldown": ""}, False, "", None, '""'),
+    ({"kubevirt-eviction-guard.io/exempt": True, "kubevirt-eviction-guard.io/migration-cooldown": [[1]]}, False, "<bool>", None,
+     "<list>"),  # annotations are strings; a snapshot file may say anything
+])
+def test_guard_overrides_are_parsed_and_bad_ones_kept_to_show(annotations, exempt, exempt_ignored, cooldown, cooldown_ignored):
+    o = vmi_from_object(vmi("db", "a", annotations=annotations)).overrides
+    assert o is not None
+    assert (o.exempt, o.exempt_ignored, o.cooldown, o.cooldown_ignored) == (exempt, exempt_ignored, cooldown, cooldown_ignored)
+
+
+def test_no_guard_annotations_no_overrides_object() -> None:
+    assert vmi_from_object(vmi("db", "a", annotations={PNE: ""})).overrides is None
+    assert vmi_from_object(vmi("db", "a")).overrides is None
+
+
 @pytest.mark.parametrize("fmt", ["json-list", "yaml-list", "yaml-stream", "vmi-list-json"])
 def test_snapshot_formats(tmp_path, fmt) -> None:
     f = tmp_path / "snap"

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from app.domain.history import HISTORY_ANNOTATION
 from app.timefmt import parse_duration
 from app.tls import issue_certs, write_certs
 from tests.fakeapi import FakeApiServer
@@ -141,7 +142,10 @@ def step_changes(c: Cluster, step: int) -> None:
     elif step == 5:  # d's migration fails
         c.vmim("d-m1", "d", "Failed", now - 20, start=now - 20, end=now, source_node="n2", target_node="n1")
         c.vmi("d", "n2", migration=o.migration_state(now - 20, now, "n2", "n1", "uid-d-m1", failed=True))
-    elif step == 6:  # KubeVirt garbage-collects g's oldest VMIM: two in the window, cooldown 30m, over
+    elif step == 6:  # KubeVirt garbage-collects g's oldest VMIM, which the guards have recorded on the VMI by
+        # now (history annotation): still three in the window, cooldown 1h, 40m in
+        eventually(lambda: "uid-g-m1" in (c.api.get("vmi", NS, "g")["metadata"].get("annotations") or {})
+                   .get(HISTORY_ANNOTATION, ""), timeout=10, what="g's history recorded")
         c.api.delete("vmim", NS, "g-m1")
     elif step == 7:  # f's VM is stopped
         c.api.delete("vmi", NS, "f")
@@ -163,7 +167,7 @@ EXPECTED = {
     2: {"d": "migration_in_progress"},
     3: {"a": "evacuation_pending", "b": "allowed"},
     5: {"d": "cooldown"},
-    6: {"g": "allowed"},
+    6: {"g": "cooldown"},
     7: {"f": "not_a_vm_pod", "e": "evacuation_pending"},
     8: {"e": "migration_in_progress"},
     9: {"a": "allowed", "b": "cooldown"},

@@ -166,3 +166,16 @@ def test_cli_reports_a_bad_scenario_with_exit_2(tmp_path, capsys):
     assert main(["simulate", "--scenario", str(good), "--modes", "off,bogus"]) == 2
     assert "unknown mode 'bogus'" in capsys.readouterr().err
     assert main(["simulate", "--scenario", str(good), "--seeds", "5-1"]) == 2
+
+
+def test_stall_counts_cycles_held_by_in_flight_entries_of_failing_vms_only():
+    # the small node is hot; its VMs never converge: both marked VMs fail forever and fill the
+    # node's limit of 2, so later cycles evict nothing until the assumed entries lapse
+    failing = {**HOT_NODE, "descheduler": {"interval": "60s"},
+               "vms": [{**HOT_NODE["vms"][0], "dirtyRateMiBps": 1024}]}
+    d, s = run("upstream", failing)
+    assert s["stall_seconds"] > 0 and s["blocked_by_in_flight_seconds"] >= s["stall_seconds"]
+    assert s["in_flight_lapsed"] >= 1 and s["failed_migrations"] > 0
+    ok = {**HOT_NODE, "descheduler": {"interval": "60s"}}
+    _, s = run("upstream", ok)
+    assert s["stall_seconds"] == 0 and s["failed_migrations"] == 0

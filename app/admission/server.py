@@ -25,7 +25,7 @@ from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.metrics import Metrics
 from app.policy import decide
-from app.policy.model import Decision, PolicySettings
+from app.policy.model import Decision, PolicySettings, Reason
 
 log = logging.getLogger("kubevirt_eviction_guard.admission")
 JSON = "application/json"
@@ -84,7 +84,7 @@ def create_app(ctx: GuardContext) -> FastAPI:
         metrics.decisions.labels("allowed" if decision.allowed else "denied", decision.reason).inc()
         if decision.denied:
             metrics.blocks.labels(decision.reason, decision.node, review.eviction.namespace).inc()
-        if decision.cooldown is not None:
+        if decision.reason == Reason.COOLDOWN and decision.cooldown is not None:  # blocks only, as the plugin
             metrics.effective_cooldown.observe(decision.cooldown.cooldown)  # type: ignore[attr-defined]
         if ctx.on_decision is not None:
             try:

@@ -1,20 +1,28 @@
 """Is the descheduler configured to run KubeVirt evictions in the background?
 
 The guard's "evacuation in progress" denials only stop the descheduler from
-evicting a second VM when its ``EvictionsInBackground`` feature gate is on;
-the OpenShift operator turns it on with
-``KubeDescheduler.spec.profileCustomizations.devEnableEvictionsInBackground``.
+evicting a second VM when its ``EvictionsInBackground`` feature gate is on.
 Without it every KubeVirt eviction looks failed to the descheduler and it
 keeps going down its list of candidate VMs (see kubevirt-facts.md), so the
 guard exports what the cluster says, for an alert:
 
     kubevirt_eviction_guard_descheduler_background_evictions{state="enabled|disabled|unknown"}
 
-exactly one state is 1. ``unknown`` covers everything that is not a clear
-answer: the KubeDescheduler API is not served (not OpenShift, operator not
-installed), the ``cluster`` object does not exist, or the guard may not read
-it. Those are normal conditions on most clusters, so they are logged once, at
-info level, and re-checked quietly every few minutes.
+exactly one state is 1. The OpenShift operator turns the gate on exactly when
+``spec.profiles`` holds ``KubeVirtRelieveAndMigrate`` or its deprecated
+``DevKubeVirtRelieveAndMigrate``, or ``spec.profileCustomizations.
+devEnableEvictionsInBackground`` is true (cluster-kube-descheduler-operator,
+``manageDeschedulerDeployment`` and ``hasKubeVirtRelieveAndMigrateProfile``,
+June 2026); ``background_evictions`` decides the same way.
+
+``unknown`` covers everything that is not a clear answer: the KubeDescheduler
+API is not served (not OpenShift, operator not installed), the ``cluster``
+object does not exist, or the guard may not read it. Those are normal
+conditions on most clusters, so they are logged once, at info level, and
+re-checked quietly every few minutes.
+
+Beside it, ``descheduler_config_info`` (one series, value 1, only while the
+object is known) carries what else the object says: see ``config_labels``.
 
 The object is followed with list + watch on a field selector for its name.
 Watches end at ``timeoutSeconds`` and resume from the last resourceVersion; a
@@ -42,16 +50,93 @@ DEFAULT_NAMESPACE = "openshift-kube-descheduler-operator"
 OBJECT_NAME = "cluster"
 ENABLED, DISABLED, UNKNOWN = "enabled", "disabled", "unknown"
 STATES = (ENABLED, DISABLED, UNKNOWN)
+# the profiles for which the operator turns EvictionsInBackground on by itself, and which carry the
+# KubevirtMigrationAware evictor plugin (DevKubeVirtRelieveAndMigrate: deprecated in 4.20, same profile)
+KUBEVIRT_PROFILES = ("KubeVirtRelieveAndMigrate", "DevKubeVirtRelieveAndMigrate")
+# the operator's limits for those profiles when spec.evictionLimits leaves them unset
+# (KubeVirt's parallelMigrationsPerCluster and parallelOutboundMigrationsPerNode defaults)
+KUBEVIRT_LIMIT_TOTAL, KUBEVIRT_LIMIT_NODE = 5, 2
+FIX = ("add the KubeVirtRelieveAndMigrate profile to spec.profiles, or set "
+       "spec.profileCustomizations.devEnableEvictionsInBackground: true")
+CONFIG_LABELS = ("profiles", "mode", "interval_seconds", "eviction_limit_total", "eviction_limit_node",
+                 "migration_aware_plugin", "background_evictions_by", "migration_cooldown",
+                 "max_migration_cooldown", "migration_history_window")
+
+
+def _spec(obj: Any) -> dict[str, Any]:
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    return spec if isinstance(spec, dict) else {}
+
+
+def _profiles(spec: dict[str, Any]) -> list[str]:
+    profiles = spec.get("profiles")
+    return [p for p in profiles if isinstance(p, str)] if isinstance(profiles, list) else []
+
+
+def _customizations(spec: dict[str, Any]) -> dict[str, Any]:
+    custom = spec.get("profileCustomizations")
+    return custom if isinstance(custom, dict) else {}
+
+
+def background_by(obj: dict[str, Any] | None) -> str:
+    """What turns the operator's EvictionsInBackground gate on: "profile", "flag", "profile+flag", or ""."""
+    spec = _spec(obj)
+    by = []
+    if any(p in KUBEVIRT_PROFILES for p in _profiles(spec)):
+        by.append("profile")
+    if _customizations(spec).get("devEnableEvictionsInBackground") is True:
+        by.append("flag")
+    return "+".join(by)
 
 
 def background_evictions(obj: dict[str, Any] | None) -> str:
-    """The state a KubeDescheduler object declares. The feature is off unless the field says ``true``."""
+    """The state a KubeDescheduler object declares, decided as the operator does."""
     if not isinstance(obj, dict):
         return UNKNOWN
-    spec = obj.get("spec")
-    custom = spec.get("profileCustomizations") if isinstance(spec, dict) else None
-    flag = custom.get("devEnableEvictionsInBackground") if isinstance(custom, dict) else None
-    return ENABLED if flag is True else DISABLED
+    return ENABLED if background_by(obj) else DISABLED
+
+
+def _int_text(value: Any) -> str:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else ""
+
+
+def config_labels(obj: dict[str, Any]) -> dict[str, str]:
+    """The labels of ``descheduler_config_info``: the object's settings, named after its fields.
+
+    ``profiles`` comma-separated in the object's order; ``mode`` ``Automatic`` or
+    ``Predictive`` (the CRD's default: evict nothing); ``interval_seconds`` from
+    ``deschedulingIntervalSeconds`` ("" when unset: the operator then refuses to run the
+    descheduler); ``eviction_limit_total``/``_node`` the limits the operator applies
+    (``spec.evictionLimits``, else 5/2 for the KubeVirt profiles, else "" for none);
+    ``migration_aware_plugin`` "true" when a profile carries ``KubevirtMigrationAware``;
+    ``background_evictions_by`` see ``background_by``; the plugin's tuning
+    (``devMigrationCooldown`` and friends) as written, "" for the plugin's default.
+    """
+    spec = _spec(obj)
+    profiles = _profiles(spec)
+    custom = _customizations(spec)
+    kubevirt = any(p in KUBEVIRT_PROFILES for p in profiles)
+    limits = spec.get("evictionLimits")
+    limits = limits if isinstance(limits, dict) else {}
+    total = _int_text(limits.get("total")) or (str(KUBEVIRT_LIMIT_TOTAL) if kubevirt else "")
+    node = _int_text(limits.get("node")) or (str(KUBEVIRT_LIMIT_NODE) if kubevirt else "")
+    mode = spec.get("mode")
+
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) else ""
+
+    return {
+        "profiles": ",".join(profiles),
+        "mode": mode if isinstance(mode, str) and mode else "Predictive",
+        "interval_seconds": _int_text(spec.get("deschedulingIntervalSeconds")),
+        "eviction_limit_total": total,
+        "eviction_limit_node": node,
+        "migration_aware_plugin": "true" if kubevirt else "false",
+        "background_evictions_by": background_by(obj),
+        "migration_cooldown": text(custom.get("devMigrationCooldown")),
+        "max_migration_cooldown": text(custom.get("devMaxMigrationCooldown")),
+        "migration_history_window": text(custom.get("devMigrationHistoryWindow")),
+    }
 
 
 class _Gone(Exception):
@@ -75,9 +160,15 @@ class DeschedulerCheck:
         self.rediscover_every, self.watch_timeout, self.max_backoff = rediscover_every, watch_timeout, max_backoff
         self.gauge = Gauge(
             PREFIX + "descheduler_background_evictions",
-            "1 for the descheduler's background-evictions state (KubeDescheduler devEnableEvictionsInBackground)",
+            "1 for the descheduler's background-evictions state (KubeDescheduler: a KubeVirtRelieveAndMigrate "
+            "profile or profileCustomizations.devEnableEvictionsInBackground)",
             ["state"], registry=registry,
         )
+        self.info = Gauge(
+            PREFIX + "descheduler_config_info", "1, labelled with the KubeDescheduler's settings; absent when unknown",
+            list(CONFIG_LABELS), registry=registry,
+        )
+        self.config: dict[str, str] = {}
         self.state = UNKNOWN  # until the API says otherwise; not worth a log line
         self._said: set[str] = set()  # quiet conditions already logged once
         self._stop = threading.Event()
@@ -91,6 +182,18 @@ class DeschedulerCheck:
         for s in STATES:
             self.gauge.labels(s).set(1 if s == state else 0)
 
+    def _apply(self, obj: dict[str, Any] | None) -> None:
+        """The object as it is now (None: gone or unreadable)."""
+        config = config_labels(obj) if isinstance(obj, dict) else {}
+        if config != self.config:
+            self.config = config
+            self.info.clear()
+            if config:
+                self.info.labels(**config).set(1)
+                log.info("descheduler configuration", extra={"namespace": self.namespace, "object": self.name,
+                                                             **{"descheduler_" + k: v for k, v in config.items()}})
+        self._set(background_evictions(obj) if obj is not None else UNKNOWN)
+
     def _set(self, state: str) -> None:
         self._publish(state)
         if state == self.state:
@@ -99,8 +202,7 @@ class DeschedulerCheck:
         where = {"namespace": self.namespace, "object": self.name}
         if state == DISABLED:
             log.warning("descheduler background evictions are disabled: the descheduler will take KubeVirt's "
-                        "evictions for failures and keep evicting more VMs; set "
-                        "spec.profileCustomizations.devEnableEvictionsInBackground: true", extra=where)
+                        "evictions for failures and keep evicting more VMs; " + FIX, extra=where)
         else:
             log.info("descheduler background evictions: %s", state, extra=where)
 
@@ -135,10 +237,10 @@ class DeschedulerCheck:
         )
         items = [i for i in result.get("items") or () if self._is_ours(i)]
         if items:
-            self._set(background_evictions(items[0]))
+            self._apply(items[0])
         else:
             self._once("absent", f"no KubeDescheduler {self.namespace}/{self.name}; background evictions unknown")
-            self._set(UNKNOWN)
+            self._apply(None)
         return (result.get("metadata") or {}).get("resourceVersion") or ""
 
     def _follow(self, resource_version: str) -> None:
@@ -156,9 +258,9 @@ class DeschedulerCheck:
                 if not self._is_ours(obj):
                     pass  # bookmarks, and other objects if the server ignored the field selector
                 elif kind in ("ADDED", "MODIFIED"):
-                    self._set(background_evictions(obj))
+                    self._apply(obj)
                 elif kind == "DELETED":
-                    self._set(UNKNOWN)
+                    self._apply(None)
                 if self._stop.is_set():
                     return
             resource_version = w.resource_version or resource_version
@@ -171,7 +273,7 @@ class DeschedulerCheck:
             if not self.served():
                 self._once("not-served", f"the API server does not serve {PLURAL}.{GROUP}/{VERSION}; "
                                          "descheduler background evictions unknown")
-                self._set(UNKNOWN)
+                self._apply(None)
                 raise _Gone
             while not self._stop.is_set():
                 try:
@@ -183,7 +285,7 @@ class DeschedulerCheck:
             if e.status in (401, 403, 404):
                 self._once(f"http-{e.status}", f"cannot read {PLURAL}.{GROUP} ({e.status} {e.reason}); "
                                                "descheduler background evictions unknown")
-                self._set(UNKNOWN)
+                self._apply(None)
                 raise _Gone from None
             raise
 

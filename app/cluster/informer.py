@@ -80,6 +80,7 @@ from kubernetes.client.exceptions import ApiException
 
 from app.backoff import EQUAL, Backoff
 from app.cluster.health import CacheHealthBoard, KindStatus
+from app.cluster.migrations import MigrationCounter
 from app.cluster.store import ClusterStore, Record
 from app.domain.kinds import KINDS, NODE, POD, VMI, VMIM
 from app.domain.records import RecordError, migration_from_object, node_from_object, pod_from_object, vmi_from_object
@@ -534,6 +535,7 @@ class ClusterWatch:
         self.informers = [Informer(SPECS[s.kind], api, self.store, s, metrics, options, gate,
                                    stale_after=lambda: self.board.stale_after) for s in statuses]
         if metrics is not None:
+            self.store.on_migration_finished = MigrationCounter(metrics)
             for s in statuses:
                 metrics.cache_synced.labels(s.kind).set(0)
                 metrics.cache_objects.labels(s.kind).set_function(lambda k=s.kind: self.store.counts()[k])

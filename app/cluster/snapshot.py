@@ -108,16 +108,22 @@ def _items(path: Path, docs: list[Any]) -> Iterator[dict]:
             raise SnapshotError(f"{path}: document {i + 1} has no 'kind'; expected a Kubernetes object or List")
 
 
-def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[ClusterStore, SnapshotStats]:
+def read_objects(path: str | Path) -> Iterator[dict]:
+    """Every object in a dump (a ``List`` in JSON or YAML, a multi-document stream, or one object),
+    whatever its kind. Raises ``SnapshotError`` naming the file and the place for anything malformed."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as e:
         raise SnapshotError(f"{p}: cannot read: {e.strerror or e}") from None
+    return _items(p, _documents(p, data))
+
+
+def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[ClusterStore, SnapshotStats]:
     store = store if store is not None else ClusterStore()
     stats = SnapshotStats()
     by_kind: dict[str, list] = {k: [] for k in KINDS}
-    for item in _items(p, _documents(p, data)):
+    for item in read_objects(path):
         kind = item.get("kind")
         parser = PARSERS.get(kind) if isinstance(kind, str) else None
         if parser is None:

@@ -18,8 +18,9 @@ cost ~50 MB, while there are only a few hundred namespaces.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Union
 
 from app.domain.kinds import NODE, POD, VMI, VMIM
@@ -27,6 +28,9 @@ from app.domain.records import LauncherPod, MigrationRecord, NodeRecord, VMIReco
 
 Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord]
 Key = Union[tuple[str, str], str]
+# (kind, old record or None, new record); (kind, None, None) after ``replace`` of the whole kind
+Listener = Callable[[str, Any, Any], None]
+log = logging.getLogger("kubevirt_eviction_guard.cluster")
 _EMPTY: tuple = ()
 _NO_NS: dict = {}  # stands in for an absent namespace; never written to
 
@@ -43,6 +47,21 @@ class ClusterStore:
         # node -> keys of VMIs that may be leaving it; vmi key -> that node
         self._leaving: dict[str, frozenset[tuple[str, str]]] = {}
         self._leaving_of: dict[tuple[str, str], str] = {}
+        # called (outside the lock) with each VMIM the store held unfinished and now holds final
+        self.on_migration_finished: Callable[[MigrationRecord], None] | None = None
+        self._listeners: tuple[Listener, ...] = ()
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener`` after every upsert and replace, on the writer's thread, outside the lock.
+        It must be quick (the watch waits for it); its exceptions are logged and swallowed."""
+        self._listeners += (listener,)
+
+    def _notify(self, kind: str, old: Any, new: Any) -> None:
+        for listener in self._listeners:
+            try:
+                listener(kind, old, new)
+            except Exception:
+                log.exception("store listener failed", extra={"kind": kind})
 
     # ---- queries (lock-free) -------------------------------------------------
 
@@ -87,8 +106,14 @@ class ClusterStore:
     # ---- writes --------------------------------------------------------------
 
     def upsert(self, record: Record) -> None:
+        listeners = self._listeners
         with self._lock:
-            self._put(record)
+            old = self._current(record) if listeners else None
+            finished = self._put(record)
+        if finished is not None and self.on_migration_finished is not None:
+            self.on_migration_finished(finished)
+        if listeners:
+            self._notify(_KIND_OF[type(record)], old, record)
 
     def delete(self, kind: str, key: Key) -> None:
         with self._lock:
@@ -140,16 +165,33 @@ class ClusterStore:
                         by_uid[r.uid] = r
             by_vmi = {ns: {v: tuple(ms) for v, ms in per.items()} for ns, per in grouped.items()}
             with self._lock:
+                old_vmims = self._vmims
                 self._vmims = vmims
                 self._vmims_by_vmi = by_vmi
                 self._vmims_by_uid = by_uid
                 self._rebuild_leaving()
+            if self.on_migration_finished is not None:  # finished while the watch was down
+                for ns, names in vmims.items():
+                    before = old_vmims.get(ns, _NO_NS)
+                    for r in names.values():
+                        old = before.get(r.name)
+                        if r.finished and old is not None and not old.finished and old.uid == r.uid:
+                            self.on_migration_finished(r)
         else:
             raise ValueError(f"unknown kind {kind!r}")
+        if self._listeners:
+            self._notify(kind, None, None)
 
     # ---- internals (caller holds the lock) -----------------------------------
 
-    def _put(self, record: Record) -> None:
+    def _current(self, record: Record) -> Record | None:
+        if isinstance(record, NodeRecord):
+            return self._nodes.get(record.key)
+        nested = {LauncherPod: self._pods, VMIRecord: self._vmis, MigrationRecord: self._vmims}.get(type(record))
+        return nested.get(record.namespace, _NO_NS).get(record.name) if nested is not None else None  # type: ignore[union-attr]
+
+    def _put(self, record: Record) -> MigrationRecord | None:
+        """Store one record; returns a VMIM that this write turned final."""
         if isinstance(record, LauncherPod):
             self._pods.setdefault(record.namespace, {})[record.name] = record
         elif isinstance(record, NodeRecord):
@@ -170,8 +212,11 @@ class ClusterStore:
             self._refresh_leaving((ns, record.vmi_name))
             if old is not None and old.vmi_name != record.vmi_name:
                 self._refresh_leaving((old.namespace, old.vmi_name))
+            if old is not None and not old.finished and record.finished and old.uid == record.uid:
+                return record
         else:
             raise TypeError(f"not a record: {type(record).__name__}")
+        return None
 
     def _unindex_vmim(self, old: MigrationRecord) -> None:
         per_vmi = self._vmims_by_vmi.get(old.namespace)
@@ -227,6 +272,9 @@ class ClusterStore:
                     leaving_of[key] = node
         self._leaving = {n: frozenset(s) for n, s in leaving.items()}
         self._leaving_of = leaving_of
+
+
+_KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE}
 
 
 def _nest(records: Iterable[Record]) -> dict[str, dict[str, Any]]:

@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from app.timefmt import parse_timestamp
+from app.domain.history import HISTORY_ANNOTATION, HistoryEntry, parse_history
+from app.timefmt import parse_duration, parse_timestamp
 
 LAUNCHER_LABEL = "kubevirt.io"
 LAUNCHER_VALUE = "virt-launcher"
@@ -25,6 +26,12 @@ DOMAIN_ANNOTATION = "kubevirt.io/domain"
 MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_IN_PROGRESS = "descheduler.alpha.kubernetes.io/eviction-in-progress"
 EVACUATION_MIGRATION = "kubevirt.io/evacuationMigration"
+# KubeVirt copies it from the VM to the VMI and the launcher pod; the descheduler reads its presence
+PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
+# the guard's own per-VM overrides, read from the VMI
+COOLDOWN_OVERRIDE = "kubevirt-eviction-guard.io/migration-cooldown"
+EXEMPT_OVERRIDE = "kubevirt-eviction-guard.io/exempt"
+WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -107,6 +114,45 @@ def migration_state_from(raw: Any) -> MigrationState | None:
 
 
 @dataclass(slots=True, frozen=True)
+class VMOverrides:
+    """The guard's per-VM annotations on a VMI, parsed. A value that does not parse is
+    kept (``*_ignored``) to be shown, and has no effect: a malformed override never
+    makes the guard deny."""
+
+    exempt: bool = False  # exempt: "true" (any case)
+    exempt_ignored: str = ""  # a value other than "true"/"false"
+    cooldown: float | None = None  # migration-cooldown, seconds
+    cooldown_ignored: str = ""  # not a non-negative Go duration
+
+
+def overrides_from(annotations: dict) -> VMOverrides | None:
+    exempt_raw = annotations.get(EXEMPT_OVERRIDE)
+    cooldown_raw = annotations.get(COOLDOWN_OVERRIDE)
+    if exempt_raw is None and cooldown_raw is None:
+        return None
+    exempt_word = exempt_raw.strip().lower() if isinstance(exempt_raw, str) else None
+    exempt = exempt_word == "true"
+    exempt_ignored = "" if exempt_raw is None or exempt_word in ("true", "false") else _shown(exempt_raw)
+    cooldown: float | None = None
+    cooldown_ignored = ""
+    if cooldown_raw is not None:
+        try:
+            cooldown = parse_duration(cooldown_raw)
+        except ValueError:
+            cooldown = None
+        if cooldown is None or cooldown < 0:
+            cooldown, cooldown_ignored = None, _shown(cooldown_raw)
+    return VMOverrides(exempt, exempt_ignored, cooldown, cooldown_ignored)
+
+
+def _shown(raw: Any) -> str:
+    """An ignored annotation value, short enough to print; never repr() of what is not a string."""
+    if not isinstance(raw, str):
+        return f"<{type(raw).__name__}>"
+    return _own(raw[:64]) or '""'
+
+
+@dataclass(slots=True, frozen=True)
 class VMIRecord:
     namespace: str
     name: str
@@ -115,6 +161,9 @@ class VMIRecord:
     node: str  # status.nodeName: where the VM runs now
     evacuation_node: str  # status.evacuationNodeName: "" when not marked
     migration: MigrationState | None
+    prefer_no_eviction: bool = False  # annotation present (any value)
+    overrides: VMOverrides | None = None  # None when the VMI carries none of the guard's annotations
+    history: tuple[HistoryEntry, ...] = ()  # annotation kubevirt-eviction-guard.io/migration-history
 
     @property
     def key(self) -> tuple[str, str]:
@@ -124,6 +173,7 @@ class VMIRecord:
 def vmi_from_object(obj: Any) -> VMIRecord:
     meta, ns, name = _meta(obj)
     status = _d(obj.get("status"))
+    annotations = _d(meta.get("annotations"))
     return VMIRecord(
         namespace=ns,
         name=_s(name),
@@ -132,6 +182,9 @@ def vmi_from_object(obj: Any) -> VMIRecord:
         node=_s(status.get("nodeName")),
         evacuation_node=_s(status.get("evacuationNodeName")),
         migration=migration_state_from(status.get("migrationState")),
+        prefer_no_eviction=PREFER_NO_EVICTION in annotations,
+        overrides=overrides_from(annotations) if annotations else None,
+        history=parse_history(annotations.get(HISTORY_ANNOTATION)) if annotations else (),
     )
 
 
@@ -149,6 +202,9 @@ class MigrationRecord:
     end: float | None  # migrationState.endTimestamp, else the final phase's transition time
     source_node: str
     evacuation_node: str  # annotation kubevirt.io/evacuationMigration
+    priority: str = ""  # spec.priority (KubeVirt >= 1.7): system-critical | system-maintenance | user-triggered
+    workload_update: str = ""  # annotation kubevirt.io/workloadUpdateMigration ("" when absent)
+    target_node: str = ""  # migrationState.targetNode
 
     @property
     def key(self) -> tuple[str, str]:
@@ -183,7 +239,17 @@ def migration_from_object(obj: Any) -> MigrationRecord:
         end=end,
         source_node=state.source_node if state else "",
         evacuation_node=_s(_d(meta.get("annotations")).get(EVACUATION_MIGRATION)),
+        priority=_s(spec.get("priority")),
+        workload_update=_workload_update(_d(meta.get("annotations"))),
+        target_node=state.target_node if state else "",
     )
+
+
+def _workload_update(annotations: dict) -> str:
+    """The annotation's value, or "true" when it is present with an empty or non-string value."""
+    if WORKLOAD_UPDATE_MIGRATION not in annotations:
+        return ""
+    return _s(annotations[WORKLOAD_UPDATE_MIGRATION]) or "true"
 
 
 @dataclass(slots=True, frozen=True)
@@ -199,8 +265,10 @@ class LauncherPod:
     vmi_name: str  # annotation kubevirt.io/domain, "" when absent
     migration_job_uid: str  # label kubevirt.io/migrationJobUID (target pods)
     eviction_in_progress: bool
+    prefer_no_eviction: bool  # annotation present (any value), as the descheduler reads it
     has_annotations: bool  # metadata.annotations exists (JSON patch must add the map otherwise)
     resource_version: str
+    ready: bool = False  # condition Ready is True (KubeVirt keeps eviction-in-progress on the ready source pod only)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -222,9 +290,18 @@ def pod_from_object(obj: Any) -> LauncherPod:
         vmi_name=_s(annotations.get(DOMAIN_ANNOTATION)),
         migration_job_uid=_u(labels.get(MIGRATION_JOB_LABEL)),
         eviction_in_progress=EVICTION_IN_PROGRESS in annotations,
+        prefer_no_eviction=PREFER_NO_EVICTION in annotations,
         has_annotations=isinstance(raw_annotations, dict),
         resource_version=_u(meta.get("resourceVersion")),
+        ready=_condition_true(_d(obj.get("status")).get("conditions"), "Ready"),
     )
+
+
+def _condition_true(conditions: Any, kind: str) -> bool:
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == kind:
+            return c.get("status") == "True"
+    return False
 
 
 @dataclass(slots=True, frozen=True)

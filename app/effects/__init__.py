@@ -1,4 +1,8 @@
-"""What a decision causes besides the answer: a log line, an Event, the annotation.
+"""What a decision causes besides the answer: a log line, an Event, the annotation;
+and, apart from decisions, the VMIs' migration history (``history.py``).
+
+Denials get an ``EvictionBlocked`` Event; allowed descheduler evictions of a VM's
+pod (reason ``allowed``) an ``EvictionAllowed`` one (``events.py``).
 
 ``Effects.on_decision`` is the admission server's hook. It runs on the request
 path, so it only logs and queues: the API writes happen on the background
@@ -20,10 +24,11 @@ from app.domain.view import ClusterView
 from app.effects.annotate import AnnotateJob, wanted
 from app.effects.decision_log import log_decision
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
+from app.effects.history import HistoryRecorder, HistoryView
 from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
-from app.policy.model import Decision
+from app.policy.model import DESCHEDULER_REQUESTER, Decision, PolicySettings, Reason
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 
@@ -44,27 +49,51 @@ class Effects:
         annotate: bool = True,
         events: bool = True,
         clock: Callable[[], float] = time.time,
+        descheduler_users: frozenset[str] = frozenset(),
     ) -> None:
         self.view = view
         self.api = api
         self.queue = EffectQueue(metrics, capacity=queue_capacity, max_attempts=max_attempts, backoff=backoff)
         self.events = EventRecorder(api, self.queue, metrics, interval=event_interval, clock=clock) if events else None
         self.annotate = annotate
+        self.descheduler_users = descheduler_users  # the policy setting: users counted as the descheduler
+        self.clock = clock
+        self.history: HistoryRecorder | None = None
+
+    def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
+                       interval: float | None = None) -> HistoryRecorder:
+        """Keep the VMIs' history annotation (live mode): ``store`` must offer ``add_listener``."""
+        kw = {"interval": interval} if interval is not None else {}
+        self.history = HistoryRecorder(store, self.api, self.queue, settings, clock=self.clock, ready=ready, **kw)
+        store.add_listener(self.history.on_change)  # type: ignore[attr-defined]
+        return self.history
 
     def start(self) -> Effects:
         self.queue.start()
+        if self.history is not None:
+            self.history.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.history is not None:
+            self.history.stop(timeout)
         self.queue.stop(timeout)
 
     def on_decision(self, review: Review, decision: Decision) -> None:
         """The server's hook: log, then queue the side effects (never wait for them)."""
         log_decision(review, decision)
-        if decision.dry_run or review.eviction.dry_run or decision.allowed:
+        if decision.dry_run or review.eviction.dry_run:
+            return
+        if decision.allowed:
+            if self.events is not None and decision.reason == Reason.ALLOWED and self._from_descheduler(review):
+                self.events.record(review, decision)
             return
         if self.events is not None:
             self.events.record(review, decision)
         if self.annotate and wanted(decision):
             ev = review.eviction
             self.queue.submit(AnnotateJob(self.view, self.api, ev.namespace, ev.name))
+
+    def _from_descheduler(self, review: Review) -> bool:
+        ev = review.eviction
+        return ev.requested_by == DESCHEDULER_REQUESTER or ev.username in self.descheduler_users

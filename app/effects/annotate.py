@@ -1,17 +1,42 @@
 """The ``descheduler.alpha.kubernetes.io/eviction-in-progress`` annotation.
 
-KubeVirt's virt-controller reconciles this annotation to exactly "the pod's
-VMI has ``status.evacuationNodeName``" (kubevirt-facts.md). The guard only
+Since v1.7 KubeVirt's virt-controller reconciles this annotation to exactly
+"the VMI is marked for evacuation" (``status.evacuationNodeName`` set), with
+value ``"true"``, on the ready source pod only (kubevirt-facts.md). The guard
 adds it early, when it has just told the descheduler "eviction running in the
-background" (rules 6 and 7) and the VMI is marked for evacuation from the
-pod's node, so the descheduler sees the eviction as in progress without
-waiting for KubeVirt's next reconcile. It never removes it: KubeVirt owns
-removal, and a guard that removed it would fight the controller.
+background" (rules 6 and 7), so the descheduler sees the eviction as in
+progress without waiting for virt-controller's next reconcile. It writes only
+what virt-controller would write itself, so the two never disagree:
+
+- value ``"true"``;
+- only while the VMI is marked for evacuation from the pod's node: for an
+  unmarked VMI the guard writes nothing, so it can never re-add an
+  annotation virt-controller removed when the mark was cleared;
+- only on the VMI's current source pod: on the VMI's node
+  (``status.nodeName``), not the target of an unfinished migration, Ready.
+
+It never removes it: KubeVirt owns removal, and a guard that removed it would
+fight the controller.
+
+Before v1.7 virt-controller wrote ``"kubevirt"`` and removed the annotation
+after a failed migration while the VMI stayed marked. The guard then re-adds
+``"true"`` on the next denied eviction of that pod (the VMI is still marked,
+so the state justifies it), which keeps the descheduler counting the VM as in
+flight while KubeVirt's evacuation controller retries: that is the v1.7
+behaviour, and what stops the descheduler from evicting a second VM from the
+node (README, "the annotation").
 
 Trust: the AdmissionReview only names the pod. When the job runs, it re-reads
-pod and VMI from the store and writes only if *they* justify the annotation,
-so neither a forged AdmissionReview nor a decision that has gone stale in the
-queue can make the guard write something untrue.
+pod, VMI and migrations from the store and writes only if *they* justify the
+annotation, so neither a forged AdmissionReview nor a decision that has gone
+stale in the queue can make the guard write something untrue.
+
+The store's pods and VMIs come from two independent watches, so the store can
+hold the pod after virt-controller removed the annotation and the VMI from
+before its mark was cleared. A write then would re-add what virt-controller
+just removed. So before patching, the job reads the VMI itself from the API
+server (one GET, only for the rare pod that still lacks the annotation) and
+writes only if the live VMI still justifies it.
 
 JSON patch cannot test for a key's absence, so the patch tests
 ``/metadata/resourceVersion`` against the version the store last saw: if the
@@ -25,7 +50,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from app.domain.records import EVICTION_IN_PROGRESS, LauncherPod, VMIRecord
+from app.domain.records import EVICTION_IN_PROGRESS, LauncherPod, RecordError, VMIRecord, vmi_from_object
 from app.domain.view import ClusterView
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
 from app.effects.queue import Later, Retry
@@ -54,8 +79,9 @@ def annotation_patch(pod: LauncherPod) -> list[dict[str, Any]]:
     return [test, add]
 
 
-def why_not(pod: LauncherPod | None, vmi: VMIRecord | None) -> str:
-    """"" when the cluster state justifies adding the annotation, else why not."""
+def why_not(pod: LauncherPod | None, vmi: VMIRecord | None, view: ClusterView | None = None) -> str:
+    """"" when the cluster state justifies adding the annotation (what virt-controller >= 1.7
+    would write itself), else why not. ``view``: also refuse targets of unfinished migrations."""
     if pod is None or not is_vm_pod(pod):
         return "pod is gone or not a running virt-launcher pod"
     if pod.eviction_in_progress:
@@ -66,6 +92,12 @@ def why_not(pod: LauncherPod | None, vmi: VMIRecord | None) -> str:
         return "VMI is not marked for evacuation"
     if vmi.evacuation_node != pod.node:
         return f"VMI is marked for evacuation from {vmi.evacuation_node}, not from the pod's node {pod.node or '-'}"
+    if vmi.node != pod.node:
+        return f"pod is not the source pod: the VMI runs on {vmi.node or '-'}, the pod on {pod.node or '-'}"
+    if view is not None and pod.migration_job_uid and view.unfinished_migration(pod.migration_job_uid) is not None:
+        return "pod is the target of an unfinished migration"
+    if not pod.ready:
+        return "pod is not ready"
     if not pod.resource_version:
         return "pod has no resourceVersion to guard the patch with"
     return ""
@@ -94,7 +126,7 @@ class AnnotateJob:
     def run(self) -> str:
         pod = self.view.pod(self.namespace, self.name)
         vmi = self.view.vmi(pod.namespace, pod.vmi_name) if pod is not None else None
-        reason = why_not(pod, vmi)
+        reason = why_not(pod, vmi, self.view)
         if reason:
             log.debug("annotation not needed", extra={"namespace": self.namespace, "pod": self.name, "why": reason})
             return NOT_NEEDED
@@ -105,6 +137,17 @@ class AnnotateJob:
             # the ``test`` op keeps a repeated patch from writing over anything.
             self.waits += 1
             raise Later(f"pod changed after resourceVersion {pod.resource_version}; waiting for the store")
+        try:
+            live = self.api.read_vmi(vmi.namespace, vmi.name)
+            reason = why_not(pod, vmi_from_object(live), self.view) if live is not None else ""
+        except NotFound:
+            reason = "VMI is gone"
+        except RecordError:
+            reason = "the API server's VMI is unreadable"
+        if reason:
+            log.debug("annotation not needed (the store was behind)",
+                      extra={"namespace": self.namespace, "pod": self.name, "why": reason})
+            return NOT_NEEDED
         try:
             self.api.patch_pod(pod.namespace, pod.name, annotation_patch(pod))
         except Conflict:

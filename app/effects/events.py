@@ -1,8 +1,12 @@
-"""``EvictionBlocked`` Events on the VMI, rate-limited and aggregated.
+"""``EvictionBlocked`` and ``EvictionAllowed`` Events on the VMI, rate-limited and aggregated.
 
 Every denial is an Event on the VMI (type Warning, reason ``EvictionBlocked``)
 saying what was decided and who asked, because ``kubectl describe vmi`` is
-where an admin looks when a VM did not move.
+where an admin looks when a VM did not move. Every allowed descheduler
+eviction of a VM's pod is a Normal ``EvictionAllowed`` Event saying who asked,
+as which user, the descheduler's ``reason`` (profile and strategy) and the
+node: the answer to "why did my VM move?" that KubeVirt's own
+``system-initiated migration`` Events do not give.
 
 A descheduler loop asks about the same VM every few minutes, and a drain
 retries every few seconds. One Event object per (VMI, decision reason) series
@@ -47,6 +51,7 @@ from app.timefmt import format_timestamp
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 KIND = "event"
 EVENT_REASON = "EvictionBlocked"
+ALLOWED_EVENT_REASON = "EvictionAllowed"
 COMPONENT = "kubevirt-eviction-guard"
 MAX_MESSAGE = 1024  # events.k8s.io's limit; core/v1 has none, etcd does
 MAX_EVICTION_REASON = 200
@@ -72,19 +77,25 @@ def requester_text(review: Review) -> str:
 
 
 def event_message(review: Review, decision: Decision) -> str:
-    text = (f"Eviction of pod {review.eviction.name} denied ({decision.reason}): {decision.message}; "
-            f"requested by {requester_text(review)}")
+    if decision.allowed:
+        node = decision.pod.node if decision.pod is not None and decision.pod.node else "-"
+        text = (f"Eviction of pod {review.eviction.name} on node {node} allowed, the VM will live-migrate: "
+                f"{decision.message}; requested by {requester_text(review)}")
+    else:
+        text = (f"Eviction of pod {review.eviction.name} denied ({decision.reason}): {decision.message}; "
+                f"requested by {requester_text(review)}")
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
 @dataclass
 class Series:
-    """One Event object's worth of denials: same VMI, same decision reason."""
+    """One Event object's worth of decisions: same VMI, same decision reason."""
 
     namespace: str
     vmi_name: str
     vmi_uid: str
     reason: str  # decision reason label: the rate-limit key, not the Event's reason
+    allowed: bool = False  # EvictionAllowed (Normal) rather than EvictionBlocked (Warning)
     message: str = ""
     first: float = 0.0  # wall time of the first occurrence not yet in an Event
     last: float = 0.0  # wall time of the latest occurrence
@@ -120,7 +131,7 @@ class EventRecorder:
     # ---- request path -------------------------------------------------------------
 
     def record(self, review: Review, decision: Decision) -> None:
-        """Count one denial and make sure a flush is queued; never blocks on I/O."""
+        """Count one decision and make sure a flush is queued; never blocks on I/O."""
         vmi = decision.vmi
         if vmi is None:
             return
@@ -129,7 +140,7 @@ class EventRecorder:
         with self._lock:
             s = self._series.get(key)
             if s is None:
-                s = self._series[key] = Series(vmi.namespace, vmi.name, vmi.uid, decision.reason)
+                s = self._series[key] = Series(vmi.namespace, vmi.name, vmi.uid, decision.reason, decision.allowed)
                 while len(self._series) > self.max_series:
                     self._series.popitem(last=False)
             else:
@@ -193,9 +204,9 @@ class EventRecorder:
                 "name": s.vmi_name,
                 "uid": s.vmi_uid,
             },
-            "reason": EVENT_REASON,
+            "reason": ALLOWED_EVENT_REASON if s.allowed else EVENT_REASON,
             "message": message,
-            "type": "Warning",
+            "type": "Normal" if s.allowed else "Warning",
             "count": count,
             "firstTimestamp": format_timestamp(first),
             "lastTimestamp": format_timestamp(last),

@@ -1,4 +1,5 @@
-"""The three API writes side effects make, and how their failures are classified.
+"""The API writes side effects make (and the VMI reads that guard them),
+and how their failures are classified.
 
 ``KubeEffectsApi`` speaks to a real API server with the ``kubernetes`` client;
 ``LogOnlyApi`` stands in when there is none (snapshot mode) and logs what it
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 
 import orjson
 import urllib3
-from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from app.effects.queue import Retry
@@ -57,6 +58,12 @@ class EffectsApi(Protocol):
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None: ...
 
+    def read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VMI as the API server has it now; None when there is no API server to ask."""
+        ...
+
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
+
 
 def classify(e: ApiException) -> Exception:
     status = e.status or 0
@@ -75,17 +82,29 @@ class KubeEffectsApi:
 
     def __init__(self, api_client: ApiClient, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
         self.core = CoreV1Api(api_client)
+        self.custom = CustomObjectsApi(api_client)
         self.timeout = timeout
 
-    def _call(self, method, *args, **kwargs) -> None:
+    def _call(self, method, *args, **kwargs) -> bytes:
         try:
             resp = method(*args, _request_timeout=self.timeout, _preload_content=False, **kwargs)
         except ApiException as e:
             raise classify(e) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timed out
             raise TransientApiError(f"{type(e).__name__}: {e}") from None
-        resp.read()  # drain, so the connection returns to the pool
-        resp.release_conn()
+        try:
+            return resp.read()  # drain, so the connection returns to the pool
+        finally:
+            resp.release_conn()
+
+    def read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self._call(self.custom.get_namespaced_custom_object, "kubevirt.io", "v1", namespace,
+                          "virtualmachineinstances", name)
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise TransientApiError("VMI read: response is not JSON") from None
+        return obj if isinstance(obj, dict) else None
 
     def patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         self._call(self.core.patch_namespaced_pod, name, namespace, patch, _content_type=JSON_PATCH)
@@ -95,6 +114,10 @@ class KubeEffectsApi:
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call(self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH)
+
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        self._call(self.custom.patch_namespaced_custom_object, "kubevirt.io", "v1", namespace,
+                   "virtualmachineinstances", name, patch, _content_type=JSON_PATCH)
 
 
 class LogOnlyApi:
@@ -111,6 +134,13 @@ class LogOnlyApi:
             "count": event.get("count"), "event_message": event.get("message"),
         })
 
+    def read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # the snapshot is all there is: the store's record stands
+
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         log.info("would update Event (no API server)", extra={"namespace": namespace, "event": name,
                                                                "count": patch.get("count")})
+
+    def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        log.info("would patch VMI (no API server)", extra={"namespace": namespace, "vmi": name,
+                                                            "patch": orjson.dumps(patch).decode()})

@@ -48,7 +48,7 @@ class Later(Retry):
 
 
 class Job(Protocol):
-    kind: str  # metric label: "annotation", "event"
+    kind: str  # metric label: "annotation", "event", "history"
     key: Hashable  # jobs with equal keys are not queued twice
 
     def run(self) -> str:

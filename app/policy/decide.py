@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.domain.kinds import NODE, POD, VMI, VMIM
-from app.domain.records import LauncherPod, MigrationRecord, VMIRecord
+from app.domain.records import EXEMPT_OVERRIDE, PREFER_NO_EVICTION, LauncherPod, MigrationRecord, VMIRecord
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
-from app.policy.steering import Ranking, rank
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
+from app.policy.steering import Ranking, rank
 from app.timefmt import format_duration
 
 COMPLETED_PHASES = ("Succeeded", "Failed")
@@ -67,8 +67,12 @@ def decide(
     if vmi.evacuation_node and vmi.evacuation_node == pod.node:
         msg = f'{_background(vmi)}: VMI is marked for evacuation from node "{pod.node}", its migration is pending'
         return _deny(Reason.EVACUATION_PENDING, msg, dry, vmi, pod)
-    # exemptions from rules 8 and 9: scope and drains
-    if not in_scope(req, settings):
+    # exemptions from rules 7a, 8 and 9: the VM's own annotation, scope and drains
+    if vmi.overrides is not None and vmi.overrides.exempt:
+        return _allow(Reason.ALLOWED, f'VMI is exempt ({EXEMPT_OVERRIDE}: "true"): only the in-flight rules apply',
+                      dry, vmi, pod)
+    descheduler = is_descheduler(req, settings)
+    if not descheduler and settings.cooldown_scope != SCOPE_ALL:
         return _allow(Reason.ALLOWED, "not a descheduler eviction: cooldown and node budget do not apply", dry, vmi, pod)
     if NODE in health.stale:
         return _stale(health, dry, vmi=vmi, pod=pod)
@@ -76,6 +80,11 @@ def decide(
     if node is not None and node.draining:
         return _allow(Reason.ALLOWED, f'node "{pod.node}" is being drained ({node.drain}): drains are never held back',
                       dry, vmi, pod)
+    # 7a. the VM prefers not to be evicted by the descheduler
+    if descheduler and settings.honor_prefer_no_eviction and (vmi.prefer_no_eviction or pod.prefer_no_eviction):
+        msg = (f'VMI "{vmi.namespace}/{vmi.name}" prefers not to be evicted by the descheduler ({PREFER_NO_EVICTION});'
+               " choose another candidate")
+        return _deny(Reason.PREFER_NO_EVICTION, msg, dry, vmi, pod)
     # 8. the node already has VMs leaving
     leaving = others_leaving(pod.node, vmi, view, now, settings)
     budget = settings.pending_evacuations_per_node
@@ -96,7 +105,7 @@ def decide(
         return _deny(Reason.COOLDOWN, msg, dry, vmi, pod, remaining=state.remaining, cooldown=state)
     # 10. steering: another VM on this node would help more, or no move helps enough
     ranking = None
-    if usage is not None:
+    if usage is not None and descheduler:
         if not usage.usable(now):
             return _allow(Reason.METRICS_UNAVAILABLE, f"{_usage_problem(usage, now)}; failing open", dry, vmi, pod,
                           cooldown=state)
@@ -144,6 +153,8 @@ def is_movable(view: ClusterView, key: tuple[str, str], node: str, now: float, s
     other = view.vmi(*key)
     if other is None or other.node != node or other.evacuation_node:
         return False
+    if settings.honor_prefer_no_eviction and other.prefer_no_eviction:
+        return False  # rule 7a refuses it: holding the others back for it would hold the node for ever
     migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
     if describe_in_flight(other, migrations, now):
         return False
@@ -185,11 +196,14 @@ def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
     return ""
 
 
+def is_descheduler(req: EvictionRequest, settings: PolicySettings) -> bool:
+    """The eviction comes from the descheduler: its requested-by annotation, or a user in ``deschedulerUsers``."""
+    return req.requested_by == DESCHEDULER_REQUESTER or req.username in settings.descheduler_users
+
+
 def in_scope(req: EvictionRequest, settings: PolicySettings) -> bool:
     """Cooldown and node budget apply to descheduler evictions (or to all, by setting)."""
-    if settings.cooldown_scope == SCOPE_ALL:
-        return True
-    return req.requested_by == DESCHEDULER_REQUESTER or req.username in settings.descheduler_users
+    return settings.cooldown_scope == SCOPE_ALL or is_descheduler(req, settings)
 
 
 def others_leaving(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings) -> list[str]:

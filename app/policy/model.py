@@ -22,6 +22,7 @@ class Reason:
     MIGRATION_TARGET = "migration_target"
     MIGRATION_IN_PROGRESS = "migration_in_progress"
     EVACUATION_PENDING = "evacuation_pending"
+    PREFER_NO_EVICTION = "prefer_no_eviction"
     NODE_BUSY = "node_busy"
     COOLDOWN = "cooldown"
     METRICS_UNAVAILABLE = "metrics_unavailable"
@@ -44,6 +45,7 @@ class PolicySettings:
     # rule 10 (steering, only with Prometheus data): score points, 0..100
     steering_min_gain: float = 5.0  # best move must lower the higher of hot/target score by this much
     steering_margin: float = 5.0  # another VM must beat this one by more than this to hold it back
+    honor_prefer_no_eviction: bool = True
 
 
 @dataclass(slots=True, frozen=True)

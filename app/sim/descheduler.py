@@ -38,7 +38,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.sim.kubevirt import Answer, KubeVirt, Pod
-from app.sim.model import Node
 from app.sim.scenario import DeschedulerSettings
 
 PRESSURE_FROM = 0.7  # pressure only counts above 70% use

@@ -23,7 +23,7 @@ from random import Random
 
 from app.cluster.store import ClusterStore
 from app.sim.descheduler import CycleResult, Descheduler, node_scores, pressure
-from app.sim.guards import AUTOSCALER, DESCHEDULER, KUBECTL, Mode, guard_settings_for, parse_mode
+from app.sim.guards import AUTOSCALER, KUBECTL, Mode, guard_settings_for, parse_mode
 from app.sim.kubevirt import KubeVirt, MigrationRun
 from app.sim.model import TAINT_AUTOSCALER, VM, Node
 from app.sim.prometheus import ModelledPrometheus

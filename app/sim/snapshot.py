@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.cluster.snapshot import SnapshotError, _documents, _items
+from app.cluster.snapshot import SnapshotError, read_objects
 from app.sim.kubevirt import PRIORITY_DESCHEDULER, PRIORITY_DRAIN, KubeVirt, Migration
 from app.sim.model import VM, Node
 from app.sim.scenario import Scenario, ScenarioError
@@ -67,13 +67,8 @@ def _vmi_size(vmi: dict, pod: dict | None) -> tuple[float | None, float | None]:
 
 
 def apply_snapshot(scenario: Scenario, path: str | Path) -> Scenario:
-    path = Path(path)
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        objects = list(_items(path, _documents(path, data)))
+        objects = list(read_objects(path))
     except SnapshotError as e:
         raise ScenarioError(str(e)) from None
     by_kind: dict[str, list[dict]] = {}

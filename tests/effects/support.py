@@ -27,7 +27,9 @@ def ts(seconds_ago: float) -> str:
 
 
 def pod_obj(name: str, vmi: str, node: str, rv_: str = "100", annotations: dict | None = None,
-            eviction_in_progress: bool = False, phase: str = "Running") -> dict:
+            eviction_in_progress: bool = False, phase: str = "Running", ready: bool | None = None,
+            job: str = "") -> dict:
+    ready = phase == "Running" if ready is None else ready
     ann = {"kubevirt.io/domain": vmi} if annotations is None else dict(annotations)
     if eviction_in_progress:
         ann[EIP] = "true"
@@ -35,8 +37,10 @@ def pod_obj(name: str, vmi: str, node: str, rv_: str = "100", annotations: dict 
                             "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": f"uid-{vmi}"}}
     if ann:
         meta["annotations"] = ann
+    if job:
+        meta["labels"]["kubevirt.io/migrationJobUID"] = job
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node},
-            "status": {"phase": phase}}
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
 def vmi_obj(name: str, node: str, evacuation: str = "", migrating_from: str = "", ended_ago: float | None = None,
@@ -119,6 +123,9 @@ class RecordingApi:
 
     def patch_event(self, namespace, name, patch):
         self._do("patch_event", namespace, name, patch)
+
+    def read_vmi(self, namespace, name):
+        return None  # like LogOnlyApi: the store's VMI stands
 
     def of(self, op: str) -> list:
         return [c for c in self.calls if c[0] == op]

@@ -236,6 +236,33 @@ def test_denials_become_one_aggregated_warning_event_per_vmi_and_reason(api, kub
     assert patch.content_type == "application/merge-patch+json" and set(patch.body) == {"count", "lastTimestamp", "message"}
 
 
+def test_allowed_descheduler_evictions_become_one_aggregated_normal_event(api, kube, store):
+    """Why did my VM move: the quiet VM's allowed descheduler evictions, rate-limited like the denials."""
+    metrics = Metrics()
+    fx = make_effects(store, kube, metrics, event_interval=1.0)
+    try:
+        allowed = deny(store, QUIET_POD)
+        assert allowed[1].allowed and allowed[1].reason == Reason.ALLOWED
+        fx.on_decision(*allowed)
+        assert wait_for(lambda: len(vmi_events(api, "quiet")) == 1)
+        fx.on_decision(*allowed)
+        fx.on_decision(*allowed)
+        fx.on_decision(*deny(store, QUIET_POD, requested_by="", reason="", username="admin"))  # not the descheduler
+        assert wait_for(lambda: vmi_events(api, "quiet")[0]["count"] == 3, timeout=5)
+        time.sleep(1.2)
+    finally:
+        fx.stop()
+    [quiet] = vmi_events(api, "quiet")
+    assert (quiet["type"], quiet["reason"], quiet["count"]) == ("Normal", "EvictionAllowed", 3)
+    assert quiet["involvedObject"]["uid"] == "uid-quiet"
+    msg = quiet["message"]
+    assert msg.startswith(f"Eviction of pod {QUIET_POD} on node node-c allowed")
+    assert "requested by sigs.k8s.io/descheduler as system:serviceaccount:kube-system:descheduler-sa" in msg
+    assert "(triggered by default/LowNodeUtilization: node is overutilized)" in msg  # the descheduler's reason
+    assert metrics.registry.get_sample_value("kubevirt_eviction_guard_events_rate_limited_total",
+                                             {"reason": "allowed"}) == 2
+
+
 # ---- errors and latency of the API server stay off the request path ---------------------
 
 
@@ -324,7 +351,8 @@ def test_metrics_after_a_scripted_sequence_of_requests(api, kube, store, tmp_pat
     assert v("admission_duration_seconds_count") == 7
     assert v("bad_requests_total", code="400") == 1
     assert v("side_effects_total", kind="annotation", outcome="applied") == 1
-    assert v("side_effects_total", kind="event", outcome="applied") == 3  # cool, evac, migr: one write each
+    # cool, evac, migr: one EvictionBlocked write each; quiet: EvictionAllowed (the admin's is not the descheduler's)
+    assert v("side_effects_total", kind="event", outcome="applied") == 4
     assert v("events_rate_limited_total", reason="cooldown") == 1  # the second cool denial, within the minute
     assert v("side_effects_dropped_total", kind="event") == 0
     assert v("side_effect_queue_depth") == 1  # the held-back cool Event, due at the end of its minute

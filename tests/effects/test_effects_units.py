@@ -5,7 +5,7 @@ import logging
 import jsonpatch
 import pytest
 
-from app.domain.records import pod_from_object, vmi_from_object
+from app.domain.records import migration_from_object, pod_from_object, vmi_from_object
 from app.effects import Effects
 from app.effects.annotate import AnnotateJob, annotation_patch, wanted, why_not
 from app.effects.events import EVENT_REASON, EventRecorder, event_message
@@ -64,11 +64,27 @@ def test_patch_adds_the_whole_map_when_the_pod_has_no_annotations():
     ({"eviction_in_progress": True}, {"evacuation": "node-a"}, "already has"),
     ({"phase": "Succeeded"}, {"evacuation": "node-a"}, "not a running virt-launcher"),
     ({"rv_": ""}, {"evacuation": "node-a"}, "no resourceVersion"),
+    ({"ready": False}, {"evacuation": "node-a"}, "not ready"),  # KubeVirt >= 1.7: the ready source pod only
+    ({}, {"evacuation": "node-a", "node": "node-b"}, "not the source pod"),  # the VMI already runs elsewhere
 ])
 def test_only_a_pod_whose_vmi_is_marked_from_its_node_justifies_the_annotation(pod_kw, vmi_kw, why):
     pod = pod_from_object(pod_obj(POD, "db", "node-a", **pod_kw))
-    vmi = vmi_from_object(vmi_obj("db", "node-a", **vmi_kw))
+    vmi_kw = {"node": "node-a", **vmi_kw}
+    vmi = vmi_from_object(vmi_obj("db", vmi_kw.pop("node"), **vmi_kw))
     assert (why in why_not(pod, vmi)) if why else why_not(pod, vmi) == ""
+
+
+def test_the_target_pod_of_an_unfinished_migration_never_gets_the_annotation():
+    """A target pod on the marked node (a migration back to it) is not the source pod KubeVirt annotates."""
+    from tests.builders import vmim
+    pod = pod_obj(POD, "db", "node-a", job="uid-m1")
+    unfinished = vmim("m1", "db", "Running", created=10, uid="uid-m1")
+    store = store_of(node_obj("node-a"), vmi_obj("db", "node-a", evacuation="node-a"), pod, unfinished)
+    p, v = store.pod(NS, POD), store.vmi(NS, "db")
+    assert why_not(p, v) == ""  # without the store's migrations it looks like the source pod
+    assert "target of an unfinished migration" in why_not(p, v, store)
+    store.upsert(migration_from_object(vmim("m1", "db", "Succeeded", created=10, uid="uid-m1")))
+    assert why_not(p, v, store) == "", "after the migration succeeded the former target is the source pod"
 
 
 def test_rule_7_denial_wants_the_annotation_and_rule_6_without_a_mark_does_not():
@@ -267,7 +283,7 @@ def test_dry_run_is_logged_and_causes_nothing(dry, caplog):
     assert any(getattr(r, "dry_run", None) is True for r in caplog.records)
 
 
-def test_a_denial_queues_an_event_and_the_annotation_an_allow_queues_nothing():
+def test_a_denial_queues_an_event_and_the_annotation_an_allow_queues_an_event_for_the_descheduler_only():
     store, api = evacuating_store(), RecordingApi()
     fx = Effects(store, api, Metrics())
     review, d = decided(store, POD)
@@ -276,6 +292,17 @@ def test_a_denial_queues_an_event_and_the_annotation_an_allow_queues_nothing():
     allow_store = store_of(node_obj("node-a"), vmi_obj("db", "node-a"), pod_obj(POD, "db", "node-a"))
     fx2 = Effects(allow_store, api, Metrics())
     review, d = decided(allow_store, POD)
-    assert d.allowed
+    assert d.allowed and d.reason == Reason.ALLOWED
     fx2.on_decision(review, d)
-    assert len(fx2.queue) == 0
+    assert len(fx2.queue) == 1, "the descheduler's allowed eviction: one EvictionAllowed flush"
+    for kw in ({"requested_by": "", "reason": "", "username": "admin"},  # a user: no Event
+               {"dry_run": True}):  # a dry run: no Event
+        fx3 = Effects(allow_store, api, Metrics())
+        review, d = decided(allow_store, POD, **kw)
+        assert d.allowed
+        fx3.on_decision(review, d)
+        assert len(fx3.queue) == 0, kw
+    fx4 = Effects(allow_store, api, Metrics(), descheduler_users=frozenset({"admin"}))
+    review, d = decided(allow_store, POD, requested_by="", reason="", username="admin")
+    fx4.on_decision(review, d)
+    assert len(fx4.queue) == 1, "a user listed in deschedulerUsers counts as the descheduler"

@@ -27,7 +27,9 @@ worker runs jobs in order, so once its patch lands, everything the forged
 reviews caused has run, and it shows the pipeline could write all along). At
 that point the control's must be the only patch, and the Events exactly those
 of the denials the state justifies (the migrating VM, the target pod, the
-control). Last, the genuine eviction of the evacuating pod is patched.
+control), plus EvictionAllowed on the VMIs the store names for the two
+allowed descheduler evictions (the guard did allow them). Last, the genuine
+eviction of the evacuating pod is patched.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def writes(api: FakeApiServer) -> tuple[list, list]:
     """(patches as (resource, namespace, name, status), Events as (namespace, VMI, decision reason)), sorted."""
     patches = [(p.resource, p.namespace, p.name, p.status) for p in api.patches]
     events = sorted((e["involvedObject"]["namespace"], e["involvedObject"]["name"],
-                     re.search(r"denied \((\w+)\)", e["message"]).group(1)) for e in api.events())
+                     m.group(1) if (m := re.search(r"denied \((\w+)\)", e["message"]))
+                     else f'{e["reason"]}:{e["involvedObject"]["uid"]}') for e in api.events())
     return patches, events
 
 
@@ -141,8 +144,11 @@ def test_forged_reviews_cause_no_patch_and_only_justified_events(tmp_path):
                      ((OTHER, EVAC), (NS, TARGET), (NS, OLD), (NS, MIGR), (NS, QUIET))]
     patches, events = after_forged
     assert patches == [("pods", NS, CONTROL, 200)]
-    assert events == [(NS, "ctl", "evacuation_pending"), (NS, "evac", "migration_target"),
-                      (NS, "migr", "migration_in_progress")]
+    # the two allowed descheduler evictions get EvictionAllowed on the VMI the store names (the other namespace's
+    # twin, not the marked VM; the quiet VM, whatever the body claims): the guard did allow them
+    assert events == [(OTHER, "evac", "EvictionAllowed:uid-other-evac"),
+                      (NS, "ctl", "evacuation_pending"), (NS, "evac", "migration_target"),
+                      (NS, "migr", "migration_in_progress"), (NS, "quiet", "EvictionAllowed:uid-quiet")]
     assert final[0] == [("pods", NS, CONTROL, 200), ("pods", NS, EVAC, 200)]
     assert (NS, "evac", "evacuation_pending") in final[1]
     assert untouched == [False] * 5

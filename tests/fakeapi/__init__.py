@@ -44,6 +44,8 @@ Use::
         api.write_kubeconfig(tmp / "kubeconfig")
         ...
         api.delete("vmi", "vms", "db")        # DELETED to watchers
+        api.update_status("vmi", "vms", "db", status)  # status only, as KubeVirt writes it (annotations stay)
+        api.gc_finished_migrations("vms", "db")  # KubeVirt's VMIM GC: keep the 5 newest finished per VMI
         api.cut_streams("pod")                # drop watch connections mid-stream
         api.cut_streams(clean=True)           # end them as at timeoutSeconds
         api.stall_streams("vmi")              # silent, never closed: a dead connection without a FIN

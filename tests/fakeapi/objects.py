@@ -123,7 +123,10 @@ def launcher_pod(
     migration_job_uid: str = "",
     uid: str | None = None,
     extra_annotations: dict | None = None,
+    ready: bool | None = None,
 ) -> dict:
+    """``ready``: the pod's Ready condition; by default True exactly when it is Running."""
+    ready = phase == "Running" if ready is None else ready
     labels = {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": vmi_uid, "vm.kubevirt.io/name": vmi_name}
     if migration_job_uid:
         labels["kubevirt.io/migrationJobUID"] = migration_job_uid
@@ -151,7 +154,8 @@ def launcher_pod(
                                                        "devices.kubevirt.io/kvm": "1"},
                                           "limits": {"devices.kubevirt.io/kvm": "1"}}}],
         },
-        "status": {"phase": phase, "podIP": "10.128.4.37", "qosClass": "Burstable"},
+        "status": {"phase": phase, "podIP": "10.128.4.37", "qosClass": "Burstable",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 
@@ -167,12 +171,17 @@ def vmim(
     evacuation_node: str = "",
     uid: str | None = None,
     created: Time = None,
+    priority: str = "",
+    workload_update: bool = False,
 ) -> dict:
+    """``priority``: spec.priority (KubeVirt >= 1.7); ``workload_update``: the workload updater's annotation."""
     uid = _uid(uid)
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid,
                             "labels": {"kubevirt.io/vmi-name": vmi_name}, "annotations": {}}
     if evacuation_node:
         meta["annotations"]["kubevirt.io/evacuationMigration"] = evacuation_node
+    if workload_update:
+        meta["annotations"]["kubevirt.io/workloadUpdateMigration"] = ""
     if created is not None:
         meta["creationTimestamp"] = ts(created)
     status: dict[str, Any] = {"phase": phase}
@@ -186,6 +195,6 @@ def vmim(
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstanceMigration",
         "metadata": meta,
-        "spec": {"vmiName": vmi_name},
+        "spec": {"vmiName": vmi_name, **({"priority": priority} if priority else {})},
         "status": status,
     }

@@ -363,6 +363,31 @@ class FakeApiServer:
         with self._state.lock:
             return self._delete(resource, ("" if not resource.namespaced else namespace, name)) is not None
 
+    def update_status(self, kind: str | Resource, namespace: str, name: str, status: dict) -> dict:
+        """Replace an object's ``status`` and nothing else, as a write to the status subresource
+        does (what KubeVirt's controllers do): annotations others wrote stay. Returns the stored copy."""
+        resource = res.resolve(kind)
+        with self._state.lock:
+            o = self._state.objects[resource].get(("" if not resource.namespaced else namespace, name))
+            if o is None:
+                raise KeyError(f"{resource.id} {namespace}/{name} not found")
+            obj = orjson.loads(o.raw)
+            obj["status"] = copy.deepcopy(status)
+            return self._store(resource, obj)
+
+    def gc_finished_migrations(self, namespace: str, vmi_name: str, keep: int = 5) -> list[str]:
+        """Delete the finished (Succeeded/Failed) VMIMs of one VMI except the ``keep`` most recent,
+        as KubeVirt's migration controller does (by creationTimestamp, 5 kept). Returns the names deleted."""
+        with self._state.lock:
+            finished = [m for m in self.objects(res.VMIMS)
+                        if m["metadata"].get("namespace") == namespace and (m.get("spec") or {}).get("vmiName") == vmi_name
+                        and (m.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+            finished.sort(key=lambda m: (m["metadata"].get("creationTimestamp") or "", m["metadata"]["name"]))
+            doomed = [m["metadata"]["name"] for m in finished[:max(0, len(finished) - keep)]]
+            for name in doomed:
+                self.delete(res.VMIMS, namespace, name)
+        return doomed
+
     def get(self, kind: str | Resource, namespace: str, name: str) -> dict | None:
         resource = res.resolve(kind)
         with self._state.lock:
