@@ -36,6 +36,19 @@ def _kube_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", dest="kube_context", metavar="NAME", help="kubeconfig context (default: current)")
 
 
+def _prometheus_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("steering with Prometheus (rule 10; off unless --prometheus-url is given)")
+    g.add_argument("--prometheus-url", metavar="URL",
+                   help="Prometheus or thanos-querier base URL (https://thanos-querier.openshift-monitoring.svc:9091)")
+    g.add_argument("--prometheus-token-file", metavar="FILE",
+                   help="bearer token, re-read every round (/var/run/secrets/kubernetes.io/serviceaccount/token)")
+    g.add_argument("--prometheus-ca", metavar="FILE", help="CA bundle that signed Prometheus' certificate")
+    g.add_argument("--prometheus-interval", metavar="GO_DURATION", default=None, help="query interval (default 30s)")
+    g.add_argument("--prometheus-max-age", metavar="GO_DURATION", default=None,
+                   help="older data fails open with reason metrics_unavailable (default 3 x the interval)")
+    g.add_argument("--prometheus-timeout", metavar="GO_DURATION", default=None, help="per query (default 5s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubevirt-eviction-guard", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -79,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _source_flags(serve)
     _kube_flags(serve)
     _policy_flags(serve)
+    _prometheus_flags(serve)
 
     explain = sub.add_parser("explain", help="the decision for one pod, with the reasoning")
     explain.add_argument("--namespace", "-n", required=True)
@@ -87,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _source_flags(explain)
     _kube_flags(explain)  # without --snapshot: one list of the live cluster
     _policy_flags(explain)
+    _prometheus_flags(explain)
 
     report = sub.add_parser("report", help="every VMI's migration history and cooldown state")
     _source_flags(report)

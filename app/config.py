@@ -21,8 +21,9 @@ DURATIONS = {
     "migrationHistoryWindow": "migration_history_window",
     "evacuationStaleAfter": "evacuation_stale_after",
 }
+POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
 BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}
-SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS)
+SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS)
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")
 
@@ -97,6 +98,19 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
         if budget < 0:
             raise SettingsError(f"pendingEvacuationsPerNode: must not be negative, got {budget}")
         kwargs["pending_evacuations_per_node"] = budget
+    for name, attr in POINTS.items():
+        raw = values.get(name)
+        if raw is None:
+            continue
+        try:
+            if isinstance(raw, bool):
+                raise ValueError
+            points = float(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{name}: must be a number of score points (0 to 100), got {raw!r}") from None
+        if not 0 <= points <= 100:
+            raise SettingsError(f"{name}: must be between 0 and 100 score points, got {raw!r}")
+        kwargs[attr] = points
     for name, attr in BOOLS.items():
         if values.get(name) is not None:
             raw = values[name]

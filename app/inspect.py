@@ -13,7 +13,9 @@ from app.policy import cooldown_state, decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
 from app.policy.decide import describe_in_flight, is_leaving, leaving_age
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
-from app.startup import UsageError, clock, load_store, policy_settings
+from app.domain.usage import UsageSnapshot
+from app.policy.decide import steering_ranking
+from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
 from app.timefmt import format_duration, format_timestamp
 
 
@@ -31,12 +33,21 @@ def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
     now = clock(args)()
     store = load_store(args)
     req = requester_request(args.namespace, args.pod, args.requester)
-    write_explanation(req, store, now, settings, out)
+    usage = None
+    source = prometheus_source(args)
+    if source is not None:  # one round of queries, here and now
+        try:
+            source.poll_once()
+            usage = source.current()
+        finally:
+            source.stop()
+    write_explanation(req, store, now, settings, out, usage)
     return 0
 
 
-def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, settings: PolicySettings, out: TextIO) -> None:
-    d = decide(req, store, now, settings)
+def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, settings: PolicySettings, out: TextIO,
+                      usage: UsageSnapshot | None = None) -> None:
+    d = decide(req, store, now, settings, usage=usage)
     w = out.write
     w(f"eviction of pod {req.namespace}/{req.name} by {req.requested_by or 'user ' + req.username}"
       f" at {format_timestamp(now)}\n")
@@ -81,6 +92,30 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
             leaving.append(f"{other.namespace}/{other.name} (leaving for {format_duration(age) if age is not None else 'unknown'})")
     w(f"leaving {pod.node or '-'}: {', '.join(leaving) if leaving else 'none'}"
       f" (budget {settings.pending_evacuations_per_node}, stale after {format_duration(settings.evacuation_stale_after)})\n")
+    if usage is not None:
+        write_ranking(pod.node, vmi, store, now, settings, usage, w)
+
+
+def write_ranking(node: str, vmi, store: ClusterStore, now: float, settings: PolicySettings, usage: UsageSnapshot, w) -> None:
+    """Rule 10's ranking: every VM on the node the descheduler could still move, best move first."""
+    age = usage.age(now)
+    w(f"\nsteering: Prometheus data {format_duration(age) + ' old' if age is not None else 'missing'}"
+      f" (limit {format_duration(usage.max_age)}){'; last error: ' + usage.error if usage.error else ''}\n")
+    if not usage.usable(now):
+        return
+    ranking = steering_ranking(node, vmi, store, now, settings, usage)
+    if ranking is None:
+        w(f"  no prediction: node {node} or a target node lacks data\n")
+        return
+    measured = f"{ranking.measured_score:.0f}" if ranking.measured_score is not None else "-"
+    w(f"  node {node}: score {ranking.hot_score:.1f} predicted from its inputs (recorded {measured});"
+      f" likely target {ranking.target} (score {ranking.target_score:.1f})\n")
+    w(f"  min gain {settings.steering_min_gain:g} points, margin {settings.steering_margin:g} points\n")
+    w("  RANK  VMI                                  CPU(cores)  MEMORY(GiB)  GAIN   HOT-AFTER  TARGET-AFTER\n")
+    for i, c in enumerate(ranking.candidates, 1):
+        me = "  <- this eviction" if c.key == vmi.key else ""
+        w(f"  {i:<4}  {c.name:<36} {c.cpu_cores:>10.2f}  {c.memory_bytes / 2**30:>11.1f}  {c.gain:>5.1f}"
+          f"  {c.hot_after:>9.1f}  {c.target_after:>12.1f}{me}\n")
 
 
 def per_vm_choices(vmi: VMIRecord, pod_prefers: bool, settings: PolicySettings) -> str:

@@ -48,6 +48,11 @@ class Metrics:
             PREFIX + "events_rate_limited_total", "Denials not written at once: held back by the per-VMI rate limit or folded into a pending write",
             ["reason"], registry=r,
         )
+        # steering (rule 10): age of the Prometheus data in use (+Inf before the first answer), query rounds
+        self.prometheus_data_age = Gauge(PREFIX + "prometheus_data_age_seconds",
+                                         "Age of the usage data from Prometheus that steering decides with", registry=r)
+        self.prometheus_queries = Counter(PREFIX + "prometheus_queries_total", "Prometheus query rounds, by outcome",
+                                          ["outcome"], registry=r)
         # cause: descheduler | evacuation | user | workload-update | unknown (app/cluster/migrations.py)
         self.migrations = Counter(PREFIX + "migrations_total", "VMIMs seen to finish, by cause and outcome",
                                   ["cause", "outcome"], registry=r)

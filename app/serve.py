@@ -20,7 +20,7 @@ from app.domain.view import ClusterView
 from app.effects import Effects, KubeEffectsApi, LogOnlyApi
 from app.logs import batch_writes
 from app.metrics import Metrics
-from app.startup import UsageError, clock, load_store, policy_settings
+from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
 from app.timefmt import parse_duration
 from app.tls import server_context
 from app.tlsreload import CertReloader
@@ -90,7 +90,18 @@ def live_cluster(args: argparse.Namespace, metrics: Metrics) -> ClusterWatch:
                         stale_after=stale_after(args))
 
 
+def with_usage(ctx: GuardContext, args: argparse.Namespace) -> GuardContext:
+    source = prometheus_source(args, ctx.metrics)
+    if source is not None:
+        ctx.usage, ctx.usage_source = source.current, source
+    return ctx
+
+
 def build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None) -> GuardContext:
+    return with_usage(_build_context(args, cluster), args)
+
+
+def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None) -> GuardContext:
     settings = policy_settings(args)
     limit = stale_after(args)  # validated in every mode: a bad flag is a bad flag
     if args.max_body_bytes <= 0:
@@ -210,6 +221,11 @@ def serve(args: argparse.Namespace) -> int:
         freeze_after_sync(cluster)
     if ctx.effects is not None:
         ctx.effects.start()
+    if ctx.usage_source is not None:
+        log.info("steering on: polling Prometheus", extra={"url": ctx.usage_source.url,
+                                                           "interval_s": ctx.usage_source.interval,
+                                                           "max_age_s": ctx.usage_source.max_age})
+        ctx.usage_source.start()
     try:
         GuardServer(config, ctx, args.shutdown_drain).run()
     finally:
@@ -217,6 +233,8 @@ def serve(args: argparse.Namespace) -> int:
             part.stop()
         if ctx.effects is not None:
             ctx.effects.stop()
+        if ctx.usage_source is not None:
+            ctx.usage_source.stop()
         if cluster is not None:
             cluster.stop()
     return 0

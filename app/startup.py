@@ -60,3 +60,31 @@ def list_live_store(args: argparse.Namespace) -> ClusterStore:
             raise UsageError(str(e)) from None
     log.info("cluster listed", extra={**stats.loaded, "skipped_malformed": stats.skipped_malformed})
     return store
+
+
+def prometheus_source(args: argparse.Namespace, metrics=None):
+    """The background Prometheus poller when ``--prometheus-url`` is given (not started), else None."""
+    url = getattr(args, "prometheus_url", None)
+    if not url:
+        return None
+    from app.metricsource.prometheus import PrometheusSource, SettingsProblem
+    from app.timefmt import parse_duration
+
+    durations = {}
+    for flag in ("prometheus_interval", "prometheus_max_age", "prometheus_timeout"):
+        raw = getattr(args, flag, None)
+        if raw is None:
+            continue
+        try:
+            durations[flag] = parse_duration(raw)
+        except ValueError as e:
+            raise SettingsError(f"--{flag.replace('_', '-')}: {e}") from None
+        if durations[flag] <= 0:
+            raise SettingsError(f"--{flag.replace('_', '-')}: must be a positive duration, got {raw!r}")
+    try:
+        return PrometheusSource(url, token_file=args.prometheus_token_file, ca_file=args.prometheus_ca,
+                                interval=durations.get("prometheus_interval", 30.0),
+                                timeout=durations.get("prometheus_timeout", 5.0),
+                                max_age=durations.get("prometheus_max_age"), clock=clock(args), metrics=metrics)
+    except SettingsProblem as e:
+        raise SettingsError(str(e)) from None

@@ -99,6 +99,32 @@ def store_of(*objects: dict) -> ClusterStore:
     return store
 
 
+GIB = float(1 << 30)
+
+
+def usage_snapshot(age: float = 30, hot: str = "worker-a", max_age: float = 90) -> "UsageSnapshot":
+    """Prometheus usage as rule 10 reads it: ``hot`` at 75% CPU (with some CPU pressure) and 55% memory,
+    worker-b at 45% / 45%, cordoned worker-c idle (never a target); 64 cores and 256 GiB each.
+    VMs on ``hot``: db (2 cores, 8 GiB), web (6 cores, 8 GiB), big (12 cores, 16 GiB);
+    predicted gains 11, 30 and 36 points (tests/test_steering.py checks them)."""
+    from types import MappingProxyType
+
+    from app.domain.usage import NodeUsage, UsageSnapshot, VMUsage
+
+    cap = {"cpu_cores": 64.0, "memory_bytes": 256 * GIB}
+    nodes = {
+        hot: NodeUsage(cpu=0.75, memory=0.55, cpu_pressure=0.05, score=0.48, **cap),
+        "worker-b": NodeUsage(cpu=0.45, memory=0.45, score=0.0, **cap),
+    }
+    if hot != "worker-c":
+        nodes["worker-c"] = NodeUsage(cpu=0.45, memory=0.45, score=0.0, **cap)
+    avg = (0.6, 0.5, 0.025, 0.0)  # the workers' averages: hot and worker-b
+    vms = {(NS, "db"): VMUsage(hot, 2.0, 8 * GIB), (NS, "web"): VMUsage(hot, 6.0, 8 * GIB),
+           (NS, "big"): VMUsage(hot, 12.0, 16 * GIB)}
+    return UsageSnapshot(taken_at=NOW - age, max_age=max_age, nodes=MappingProxyType(nodes), vms=MappingProxyType(vms),
+                         averages=avg)
+
+
 def history_annotation(*entries: tuple[str, float | None, float]) -> dict:
     """The guard's migration-history annotation for (uid, start, end) in minutes before NOW."""
     import json

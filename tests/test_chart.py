@@ -606,3 +606,65 @@ def test_schema_declares_every_value():
 def test_schema_rejects_bad_values_naming_them(chart, values, complaint):
     with pytest.raises(helm.HelmValuesError, match=re.escape(complaint)):
         chart.render(values, name=RELEASE, namespace=NS)
+
+
+# ---- steering: Prometheus URL, token, CA ----------------------------------------------------------
+
+OPENSHIFT_PROMETHEUS = {"prometheus": {"url": "https://thanos-querier.openshift-monitoring.svc:9091",
+                                       "ca": {"source": "serviceAccount"}, "clusterMonitoringView": True}}
+SECRET_PROMETHEUS = {"prometheus": {"url": "https://prometheus.monitoring.svc:9090", "interval": "15s", "maxAge": "1m",
+                                    "token": {"source": "secret", "secret": {"name": "prom-token", "key": "t"}},
+                                    "ca": {"source": "configMap", "name": "prom-ca", "key": "ca.pem"}}}
+
+
+def helm_notes(values: dict) -> str:
+    with helm.Chart.load(CHART) as c:
+        rendered = c.render(values, name=RELEASE, namespace=NS)
+    return next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
+
+
+def _validate_all(docs: list[dict]) -> None:
+    for doc in docs:
+        if doc["kind"] not in CRD_KINDS:
+            for version in KUBE_VERSIONS:
+                kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_steering_is_off_by_default():
+    args = build_parser().parse_args(["serve", *container(render())["args"]])
+    assert args.prometheus_url is None
+    assert [d for d in render() if d["kind"] == "ClusterRoleBinding"] == [one(render(), "ClusterRoleBinding")]
+
+
+def test_openshift_thanos_querier_values():
+    docs = render(OPENSHIFT_PROMETHEUS)
+    _validate_all(docs)
+    args = build_parser().parse_args(["serve", *container(docs)["args"]])
+    assert args.prometheus_url == "https://thanos-querier.openshift-monitoring.svc:9091"
+    assert args.prometheus_token_file == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert args.prometheus_ca == "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt"
+    assert args.prometheus_interval == "30s" and args.prometheus_max_age is None
+    view = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "cluster-monitoring-view"]
+    assert len(view) == 1 and view[0]["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert "9091" in helm_notes(OPENSHIFT_PROMETHEUS)
+
+
+def test_token_secret_and_ca_configmap_are_mounted():
+    docs = render(SECRET_PROMETHEUS)
+    _validate_all(docs)
+    c = container(docs)
+    args = build_parser().parse_args(["serve", *c["args"]])
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert args.prometheus_token_file == f"{mounts['prometheus-token']}/t"
+    assert args.prometheus_ca == f"{mounts['prometheus-ca']}/ca.pem"
+    assert (args.prometheus_interval, args.prometheus_max_age) == ("15s", "1m")
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["prometheus-token"]["secret"]["secretName"] == "prom-token"
+    assert volumes["prometheus-ca"]["configMap"]["name"] == "prom-ca"
+
+
+def test_policy_steering_values_reach_the_config_file(tmp_path):
+    docs = render({"policy": {"steeringMinGain": 8, "steeringMargin": 2.5}})
+    (tmp_path / "config.yaml").write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
+    settings = build_settings(load_config_file(tmp_path / "config.yaml"))
+    assert (settings.steering_min_gain, settings.steering_margin) == (8, 2.5)

@@ -22,6 +22,7 @@ ALLOWED = {
     "app.policy": {"app.domain"},
     "app.cluster": {"app.domain", "app.policy"},
     "app.admission": {"app.domain", "app.policy"},
+    "app.metricsource": {"app.domain"},
 }
 
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from app.domain.usage import UsageSnapshot
 from app.domain.view import CacheHealth
 from app.policy import EvictionRequest, PolicySettings, decide
-from tests.builders import MIN, NOW, mstate, node, pod, six_short_migrations, store_of, vmi, vmim
+from tests.builders import MIN, NOW, mstate, node, pod, six_short_migrations, store_of, usage_snapshot, vmi, vmim
 
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
          node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), node("worker-e", taints=("node.kubernetes.io/unschedulable",)),
@@ -40,6 +41,7 @@ class Row:
     text: str = ""
     settings: PolicySettings = field(default_factory=PolicySettings)
     health: CacheHealth = field(default_factory=CacheHealth)
+    usage: UsageSnapshot | None = None  # rule 10 on when given
 
 
 DB = vmi("db", "worker-a")
@@ -47,6 +49,9 @@ DB_POD = pod("db", "worker-a")
 RECENT = mstate("m1", "worker-b", "worker-a", start=7, end=5)  # ended 5 min ago after 2 min
 DB_RECENT = vmi("db", "worker-a", migration=RECENT)
 WEB_LEAVING = [vmi("web", "worker-a", evacuation="worker-a"), pod("web", "worker-a")]
+P_WEB, P_BIG = "virt-launcher-web-abcde", "virt-launcher-big-abcde"
+STEER = [DB, DB_POD, vmi("web", "worker-a"), pod("web", "worker-a"), vmi("big", "worker-a"), pod("big", "worker-a")]
+USAGE = usage_snapshot()
 PNE = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
 EX = "kubevirt-eviction-guard.io/exempt"
 CD = "kubevirt-eviction-guard.io/migration-cooldown"
@@ -213,29 +218,59 @@ ROWS = [
         annotations={CD: "15 minutes"}), DB_POD], desched(), False, "cooldown", "cooldown 15m0s"),
     Row("9 negative per-VM cooldown is ignored", [vmi("db", "worker-a", migration=RECENT, annotations={CD: "-5m"}), DB_POD],
         desched(), False, "cooldown", "cooldown 15m0s"),
-    # 10. otherwise
-    Row("10 quiet VM", [DB, DB_POD], desched(), True, "allowed"),
+    # 10. steering with Prometheus data (hot worker-a: db 2 cores, web 6, big 12; predicted gains 11, 30, 36 points)
+    Row("10 another VM on the node helps clearly more", STEER, desched(), False, "better_candidate",
+        'moving vms/big would help node "worker-a" more: lowers it by 36', usage=USAGE),
+    Row("10 the best move passes", STEER, desched(P_BIG), True, "allowed", usage=USAGE),
+    Row("10 within the margin of the best passes", STEER, desched(P_WEB), True, "allowed", usage=USAGE,
+        settings=PolicySettings(steering_margin=10)),
+    Row("10 just outside the margin is held", STEER, desched(P_WEB), False, "better_candidate", usage=USAGE),
+    Row("10 the best VM is in cooldown: the next best is the one to wait for",
+        [*STEER[:-2], vmi("big", "worker-a", migration=RECENT), pod("big", "worker-a")], desched(), False,
+        "better_candidate", "moving vms/web", usage=USAGE),
+    Row("10 a VM already leaving is not a candidate (rule 8 off)",
+        [*STEER[:-2], vmi("big", "worker-a", evacuation="worker-a"), pod("big", "worker-a")], desched(), False,
+        "better_candidate", "moving vms/web", usage=USAGE, settings=PolicySettings(pending_evacuations_per_node=0)),
+    Row("10 no move helps enough", STEER, desched(P_BIG), False, "no_gain",
+        'no VM on node "worker-a" would lower its score', usage=USAGE, settings=PolicySettings(steering_min_gain=40)),
+    Row("10 data older than the limit fails open", STEER, desched(), True, "metrics_unavailable", "old (limit 1m30s)",
+        usage=usage_snapshot(age=300)),
+    Row("10 nothing fetched yet fails open", STEER, desched(), True, "metrics_unavailable", "no usage data from Prometheus yet",
+        usage=UsageSnapshot()),
+    Row("10 no usage for this VMI fails open", [*STEER, vmi("new", "worker-a"), pod("new", "worker-a")],
+        desched("virt-launcher-new-abcde"), True, "metrics_unavailable", "this VMI", usage=USAGE),
+    Row("10 drains are exempt", [vmi("db", "worker-c"), pod("db", "worker-c")], desched(), True, "allowed", "being drained",
+        usage=usage_snapshot(hot="worker-c")),
+    Row("10 not a descheduler eviction", STEER, user(), True, "allowed", usage=USAGE),
+    Row("10 cooldownScope all still steers descheduler evictions only", STEER, user(), True, "allowed", usage=USAGE,
+        settings=PolicySettings(cooldown_scope="all")),
+    Row("10 a VM that prefers not to be evicted is no candidate",
+        [*STEER[:-2], vmi("big", "worker-a", annotations={PNE: ""}), pod("big", "worker-a")], desched(), False,
+        "better_candidate", "moving vms/web", usage=USAGE),
+    Row("10 off without Prometheus", STEER, desched(), True, "allowed"),
+    # 11. otherwise
+    Row("11 quiet VM", [DB, DB_POD], desched(), True, "allowed"),
 ]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_decision_table(row: Row) -> None:
-    d = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health)
+    d = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health, row.usage)
     assert (d.allowed, d.reason) == (row.allowed, row.reason), d.message
     assert row.text in d.message
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if not r.allowed], ids=lambda r: r.id)
 def test_dry_run_gives_the_same_decision(row: Row) -> None:
-    wet = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health)
-    dry = decide(replace(row.req, dry_run=True), store_of(*NODES, *row.objects), NOW, row.settings, row.health)
+    wet = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health, row.usage)
+    dry = decide(replace(row.req, dry_run=True), store_of(*NODES, *row.objects), NOW, row.settings, row.health, row.usage)
     assert (dry.allowed, dry.reason, dry.message) == (wet.allowed, wet.reason, wet.message)
     assert dry.dry_run and not wet.dry_run
 
 
 def test_background_text_only_for_rules_6_and_7() -> None:
     for row in ROWS:
-        d = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health)
+        d = decide(row.req, store_of(*NODES, *row.objects), NOW, row.settings, row.health, row.usage)
         has = "Eviction triggered evacuation" in d.message
         assert has == (d.reason in ("migration_in_progress", "evacuation_pending")), row.id
         assert d.background == has

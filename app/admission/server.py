@@ -21,6 +21,7 @@ from fastapi.responses import Response
 
 from app.admission import review as rv
 from app.admission.asgi import AdmissionEndpoint, GuardApp
+from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.metrics import Metrics
 from app.policy import decide
@@ -45,6 +46,9 @@ class GuardContext:
     effects: Any = None  # app.effects.Effects: started and stopped with the server
     max_body_bytes: int = DEFAULT_MAX_BODY
     shutting_down: bool = False
+    # steering (rule 10): the latest Prometheus snapshot; None turns the rule off
+    usage: Callable[[], UsageSnapshot | None] = lambda: None
+    usage_source: Any = None  # app.metricsource.prometheus.PrometheusSource: started and stopped with the server
 
 
 def _json(status: int, payload: dict) -> Response:
@@ -72,7 +76,7 @@ def create_app(ctx: GuardContext) -> FastAPI:
             return error(e.status, e.message)
         now = ctx.clock()
         try:
-            decision = decide(review.eviction, ctx.view, now, ctx.settings, ctx.health(now))
+            decision = decide(review.eviction, ctx.view, now, ctx.settings, ctx.health(now), ctx.usage())
         except Exception:  # a bug must not block evictions: fail open, loudly
             log.exception("policy failed; allowing", extra={"uid": review.uid})
             decision = Decision(allowed=True, reason="internal_error", message="guard error; failing open")

@@ -138,5 +138,7 @@ def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[
         by_kind[store_kind].append(record)
     for kind, records in by_kind.items():
         store.replace(kind, records)
-        stats.loaded[kind] = len(records)
+    counts = store.counts()
+    for kind in by_kind:
+        stats.loaded[kind] = counts.get(kind, 0)  # what the store holds: an object listed twice is one object
     return store, stats

@@ -42,6 +42,16 @@ def decision_fields(review: Review, decision: Decision) -> dict[str, Any]:
         fields["remaining_s"] = int(round(decision.remaining))
     if decision.leaving:
         fields["leaving"] = ",".join(decision.leaving)
+    ranking = decision.ranking
+    if ranking is not None:  # rule 10: this VM's predicted gain and the best one's, in score points
+        mine, best = ranking.of(decision.vmi.key) if decision.vmi else None, ranking.best  # type: ignore[attr-defined]
+        fields["score"] = round(ranking.hot_score, 1)  # type: ignore[attr-defined]
+        fields["target"] = ranking.target  # type: ignore[attr-defined]
+        if mine is not None:
+            fields["gain"] = round(mine.gain, 1)
+        if best is not None:
+            fields["best"] = best.name
+            fields["best_gain"] = round(best.gain, 1)
     return fields
 
 

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 
 from app.domain.kinds import NODE, POD, VMI, VMIM
 from app.domain.records import EXEMPT_OVERRIDE, PREFER_NO_EVICTION, LauncherPod, MigrationRecord, VMIRecord
+from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
+from app.policy.steering import Ranking, rank
 from app.timefmt import format_duration
 
 COMPLETED_PHASES = ("Succeeded", "Failed")
@@ -28,7 +30,9 @@ def decide(
     now: float,
     settings: PolicySettings,
     health: CacheHealth = HEALTHY,
+    usage: UsageSnapshot | None = None,
 ) -> Decision:
+    """``usage`` None: steering (rule 10) is off; a snapshot (even an empty one) turns it on."""
     dry = req.dry_run
     # 1. not a CREATE of pods/eviction
     if not req.is_eviction:
@@ -99,11 +103,63 @@ def decide(
             f"retry in {format_duration(state.remaining)}"
         )
         return _deny(Reason.COOLDOWN, msg, dry, vmi, pod, remaining=state.remaining, cooldown=state)
-    # 10. otherwise
-    return _allow(Reason.ALLOWED, "no migration in flight, node not busy, not in cooldown", dry, vmi, pod, cooldown=state)
+    # 10. steering: another VM on this node would help more, or no move helps enough
+    ranking = None
+    if usage is not None and descheduler:
+        if not usage.usable(now):
+            return _allow(Reason.METRICS_UNAVAILABLE, f"{_usage_problem(usage, now)}; failing open", dry, vmi, pod,
+                          cooldown=state)
+        ranking = steering_ranking(pod.node, vmi, view, now, settings, usage)
+        mine = ranking.of(vmi.key) if ranking is not None else None
+        if ranking is None or mine is None:
+            what = "this VMI" if ranking is not None else f'node "{pod.node}" or a target node'
+            return _allow(Reason.METRICS_UNAVAILABLE, f"no usage data for {what} in Prometheus; failing open", dry, vmi,
+                          pod, cooldown=state)
+        best = ranking.best
+        assert best is not None
+        if best.gain < settings.steering_min_gain:
+            msg = (f'no VM on node "{pod.node}" would lower its score ({ranking.hot_score:.0f}) by '
+                   f"{settings.steering_min_gain:g} points or more: the best, {best.name}, "
+                   f"{_gain(best.gain)} (target {ranking.target}); the move would not help")
+            return _deny(Reason.NO_GAIN, msg, dry, vmi, pod, cooldown=state, ranking=ranking)
+        if best.key != mine.key and mine.gain < best.gain - settings.steering_margin:
+            msg = (f'moving {best.name} would help node "{pod.node}" more: {_gain(best.gain)} against '
+                   f"{_gain(mine.gain)} for this VMI (score {ranking.hot_score:.0f}, target {ranking.target}); "
+                   "waiting for the descheduler to pick it")
+            return _deny(Reason.BETTER_CANDIDATE, msg, dry, vmi, pod, cooldown=state, ranking=ranking)
+    # 11. otherwise
+    return _allow(Reason.ALLOWED, "no migration in flight, node not busy, not in cooldown", dry, vmi, pod, cooldown=state,
+                  ranking=ranking)
 
 
 # ---- rule judgements ---------------------------------------------------------
+
+
+def steering_ranking(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings,
+                     usage: UsageSnapshot) -> Ranking | None:
+    """Rule 10: the VMs on ``node`` that the descheduler could still move (this one, and
+    those not leaving, not migrating, not in cooldown), ranked by predicted gain.
+    Targets exclude nodes being drained."""
+    movable = []
+    for key, vm in usage.vms_on(node):
+        if key != vmi.key and not is_movable(view, key, node, now, settings):
+            continue
+        movable.append((key, vm))
+    excluded = {n for n in usage.nodes if (rec := view.node(n)) is not None and rec.draining}
+    return rank(usage.nodes, usage.averages, node, movable, excluded)
+
+
+def is_movable(view: ClusterView, key: tuple[str, str], node: str, now: float, settings: PolicySettings) -> bool:
+    other = view.vmi(*key)
+    if other is None or other.node != node or other.evacuation_node:
+        return False
+    if settings.honor_prefer_no_eviction and other.prefer_no_eviction:
+        return False  # rule 7a refuses it: holding the others back for it would hold the node for ever
+    migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
+    if describe_in_flight(other, migrations, now):
+        return False
+    state = cooldown_state(other, migrations, now, settings)
+    return state is None or not state.active
 
 
 def is_vm_pod(pod: LauncherPod | None) -> bool:
@@ -211,21 +267,37 @@ def _background(vmi: VMIRecord) -> str:
     return BACKGROUND_TEXT.format(ns=vmi.namespace, name=vmi.name)
 
 
+def _usage_problem(usage: UsageSnapshot, now: float) -> str:
+    age = usage.age(now)
+    if age is None:
+        detail = f": {usage.error}" if usage.error else ""
+        return f"no usage data from Prometheus yet{detail}"
+    if not usage.nodes:
+        return "Prometheus returned no node scores"
+    return (f"usage data from Prometheus is {format_duration(age)} old (limit {format_duration(usage.max_age)})"
+            + (f"; last error: {usage.error}" if usage.error else ""))
+
+
+def _gain(points: float) -> str:
+    return f"lowers it by {points:.1f} points" if points >= 0 else f"raises it by {-points:.1f} points"
+
+
 def _stale(health: CacheHealth, dry: bool, vmi: VMIRecord | None = None, pod: LauncherPod | None = None) -> Decision:
     kinds = ", ".join(sorted(health.stale))
     msg = f"watch of {kinds} broken for longer than the staleness threshold; failing open"
     return _allow(Reason.CACHE_STALE, msg, dry, vmi, pod)
 
 
-def _allow(reason: str, message: str, dry: bool, vmi=None, pod=None, cooldown=None) -> Decision:
+def _allow(reason: str, message: str, dry: bool, vmi=None, pod=None, cooldown=None, ranking=None) -> Decision:
     return Decision(
         allowed=True, reason=reason, message=message, vmi=vmi, pod=pod, node=pod.node if pod else "",
-        cooldown=cooldown, dry_run=dry,
+        cooldown=cooldown, dry_run=dry, ranking=ranking,
     )
 
 
-def _deny(reason: str, message: str, dry: bool, vmi, pod, remaining=None, cooldown=None, leaving=()) -> Decision:
+def _deny(reason: str, message: str, dry: bool, vmi, pod, remaining=None, cooldown=None, leaving=(),
+          ranking=None) -> Decision:
     return Decision(
         allowed=False, reason=reason, message=message, vmi=vmi, pod=pod, node=pod.node,
-        remaining=remaining, cooldown=cooldown, leaving=leaving, dry_run=dry,
+        remaining=remaining, cooldown=cooldown, leaving=leaving, dry_run=dry, ranking=ranking,
     )

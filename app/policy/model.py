@@ -25,6 +25,9 @@ class Reason:
     PREFER_NO_EVICTION = "prefer_no_eviction"
     NODE_BUSY = "node_busy"
     COOLDOWN = "cooldown"
+    METRICS_UNAVAILABLE = "metrics_unavailable"
+    NO_GAIN = "no_gain"
+    BETTER_CANDIDATE = "better_candidate"
     ALLOWED = "allowed"
 
 
@@ -39,6 +42,9 @@ class PolicySettings:
     descheduler_users: frozenset[str] = frozenset()
     pending_evacuations_per_node: int = 1
     evacuation_stale_after: float = 3600.0
+    # rule 10 (steering, only with Prometheus data): score points, 0..100
+    steering_min_gain: float = 5.0  # best move must lower the higher of hot/target score by this much
+    steering_margin: float = 5.0  # another VM must beat this one by more than this to hold it back
     honor_prefer_no_eviction: bool = True
 
 
@@ -72,6 +78,7 @@ class Decision:
     remaining: float | None = None  # seconds left of the cooldown (rule 9)
     cooldown: object | None = None  # CooldownState when computed
     leaving: tuple[str, ...] = field(default=())  # rule 8: the other VMs leaving, "NS/NAME"
+    ranking: object | None = None  # rule 10: steering.Ranking when computed
     dry_run: bool = False
 
     @property

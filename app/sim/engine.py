@@ -26,6 +26,7 @@ from app.sim.descheduler import CycleResult, Descheduler, node_scores, pressure
 from app.sim.guards import AUTOSCALER, KUBECTL, Mode, guard_settings_for, parse_mode
 from app.sim.kubevirt import KubeVirt, MigrationRun
 from app.sim.model import TAINT_AUTOSCALER, VM, Node
+from app.sim.prometheus import ModelledPrometheus
 from app.sim.scenario import Event, Scenario, guard_settings
 
 PRIO_SAMPLE, PRIO_EVENT, PRIO_KUBEVIRT, PRIO_DESCHEDULER = 0, 1, 2, 3
@@ -114,7 +115,9 @@ class Simulation:
         if spec.guard is not None:
             guard = guard_settings(guard_settings_for(spec, scenario.guard_raw, guard_overrides or {}),
                                    f"mode {mode}")
-        self.mode = Mode(spec, self.kv, scenario.plugin, guard)
+        prometheus = (ModelledPrometheus(seed, scenario.sample_interval)
+                      if spec.guard is not None and spec.guard.steering else None)
+        self.mode = Mode(spec, self.kv, scenario.plugin, guard, prometheus)
         if scenario.history_hook is not None:
             self.mode.descheduler_restarted(0)  # a descheduler that starts now: plugin history from kept VMIMs
         ds = scenario.descheduler
@@ -200,6 +203,8 @@ class Simulation:
             dims.append((cu, mu, pressure(cd), pressure(md)))
         scores = node_scores(dims)
         self.desched.scores = dict(zip(self.data.node_names, scores))
+        if self.mode.prometheus is not None:
+            self.mode.prometheus.record(now, self.nodes, self.kv.vmis, dims, scores)
         self._record(now, cpu_use, scores)
         self.kv.try_start(now)  # pending migrations whose target was full are retried
         if now + self.sc.sample_interval <= self.duration:

@@ -10,7 +10,9 @@ A mode is a *baseline* (how the descheduler is set up) optionally followed by
 - ``node-limit-1``: ``upstream`` with ``evictionLimits.node: 1``;
 - ``BASELINE+guard``: this project's ``app.policy.decide``, unchanged, as a
   mutating webhook (so it runs before KubeVirt's) deciding on a real
-  ``ClusterStore`` that KubeVirt's simulated objects are published into.
+  ``ClusterStore`` that KubeVirt's simulated objects are published into;
+- ``BASELINE+steer``: the same guard with steering (rule 10) on, fed by a
+  modelled Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted).
 
 A new baseline or guard variant is one entry in ``BASELINES`` or
 ``GUARD_VARIANTS``. A variant's settings are the guard's defaults, then the
@@ -46,6 +48,7 @@ class Baseline:
 class GuardVariant:
     description: str
     settings: dict = field(default_factory=dict)  # design.md names, applied last
+    steering: bool = False  # rule 10, fed by app.sim.prometheus.ModelledPrometheus
 
 
 BASELINES = {
@@ -55,6 +58,7 @@ BASELINES = {
 }
 GUARD_VARIANTS = {
     "guard": GuardVariant("the guard with its default settings and the scenario's guard block"),
+    "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
 }
 ALIASES = {"off": "upstream"}
 MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
@@ -117,9 +121,10 @@ class PluginModel:
 class GuardWebhook:
     """The eviction as the admission layer hands it to policy, decided on the store."""
 
-    def __init__(self, kubevirt: KubeVirt, settings: PolicySettings) -> None:
+    def __init__(self, kubevirt: KubeVirt, settings: PolicySettings, prometheus=None) -> None:
         self.kv = kubevirt
         self.settings = settings
+        self.prometheus = prometheus  # ModelledPrometheus: steering on
 
     def check(self, pod: Pod, now: int, client: str) -> Answer | None:
         from_descheduler = client == DESCHEDULER
@@ -128,7 +133,8 @@ class GuardWebhook:
             username=USERS[client], requested_by=DESCHEDULER_REQUESTER if from_descheduler else "",
             eviction_reason="triggered by KubeVirtRelieveAndMigrate/LowNodeUtilization" if from_descheduler else "",
         )
-        d = decide(req, self.kv.store, EPOCH + now, self.settings, HEALTHY)
+        usage = self.prometheus.snapshot(now) if self.prometheus is not None else None
+        d = decide(req, self.kv.store, EPOCH + now, self.settings, HEALTHY, usage)
         return None if d.allowed else Answer(False, d.message, d.reason)
 
 
@@ -137,12 +143,14 @@ class Mode:
     guard webhook in the API server, each optional."""
 
     def __init__(self, spec: ModeSpec, kubevirt: KubeVirt, plugin: PolicySettings,
-                 guard: PolicySettings | None) -> None:
+                 guard: PolicySettings | None, prometheus=None) -> None:
         self.name = spec.name
         self.spec = spec
         self.kv = kubevirt
         self.plugin = PluginModel(kubevirt, plugin) if spec.baseline.plugin else None
-        self.guard = GuardWebhook(kubevirt, guard) if spec.guard is not None and guard is not None else None
+        self.prometheus = prometheus if spec.guard is not None and spec.guard.steering else None
+        self.guard = (GuardWebhook(kubevirt, guard, self.prometheus)
+                      if spec.guard is not None and guard is not None else None)
         self.policy_calls = 0
 
     def pre_filter(self, pod: Pod, now: int) -> str | None:
