@@ -23,7 +23,9 @@ DURATIONS = {
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
 BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}
-SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS)
+SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS,
+                 "evacuationStaleAfterFailures")
+MAX_STALE_FAILURES = 5  # KubeVirt keeps the 5 most recent finished VMIMs per VMI: more could never be counted
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")
 
@@ -98,6 +100,19 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
         if budget < 0:
             raise SettingsError(f"pendingEvacuationsPerNode: must not be negative, got {budget}")
         kwargs["pending_evacuations_per_node"] = budget
+    if values.get("evacuationStaleAfterFailures") is not None:
+        raw = values["evacuationStaleAfterFailures"]
+        try:
+            failures = int(raw)
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise SettingsError(f"evacuationStaleAfterFailures: must be an integer, got {raw!r}") from None
+        if not 0 <= failures <= MAX_STALE_FAILURES:
+            raise SettingsError(
+                f"evacuationStaleAfterFailures: must be between 0 (off) and {MAX_STALE_FAILURES} (KubeVirt keeps only "
+                f"the {MAX_STALE_FAILURES} most recent finished migrations of a VMI), got {failures}")
+        kwargs["evacuation_stale_after_failures"] = failures
     for name, attr in POINTS.items():
         raw = values.get(name)
         if raw is None:

@@ -26,6 +26,8 @@ DOMAIN_ANNOTATION = "kubevirt.io/domain"
 MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_IN_PROGRESS = "descheduler.alpha.kubernetes.io/eviction-in-progress"
 EVACUATION_MIGRATION = "kubevirt.io/evacuationMigration"
+# written by KubeVirt's eviction admitter on the VMI when the descheduler's eviction marked it
+EVICTION_SOURCE = "kubevirt.io/eviction-source"
 # KubeVirt copies it from the VM to the VMI and the launcher pod; the descheduler reads its presence
 PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
 # the guard's own per-VM overrides, read from the VMI
@@ -164,6 +166,7 @@ class VMIRecord:
     prefer_no_eviction: bool = False  # annotation present (any value)
     overrides: VMOverrides | None = None  # None when the VMI carries none of the guard's annotations
     history: tuple[HistoryEntry, ...] = ()  # annotation kubevirt-eviction-guard.io/migration-history
+    eviction_source: str = ""  # annotation kubevirt.io/eviction-source ("descheduler")
 
     @property
     def key(self) -> tuple[str, str]:
@@ -185,6 +188,7 @@ def vmi_from_object(obj: Any) -> VMIRecord:
         prefer_no_eviction=PREFER_NO_EVICTION in annotations,
         overrides=overrides_from(annotations) if annotations else None,
         history=parse_history(annotations.get(HISTORY_ANNOTATION)) if annotations else (),
+        eviction_source=_s(annotations.get(EVICTION_SOURCE)) if annotations else "",
     )
 
 

@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.domain.kinds import NODE, POD, VMI, VMIM
-from app.domain.records import EXEMPT_OVERRIDE, PREFER_NO_EVICTION, LauncherPod, MigrationRecord, VMIRecord
+from dataclasses import dataclass
+
+from app.domain.records import (
+    EXEMPT_OVERRIDE,
+    PREFER_NO_EVICTION,
+    LauncherPod,
+    MigrationRecord,
+    NodeRecord,
+    VMIRecord,
+)
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
@@ -21,6 +30,7 @@ from app.timefmt import format_duration
 
 COMPLETED_PHASES = ("Succeeded", "Failed")
 BACKGROUND_TEXT = 'Evacuation in progress: Eviction triggered evacuation of VMI "{ns}/{name}"'
+PRIORITY_DESCHEDULER, PRIORITY_DRAIN = "system-maintenance", "system-critical"  # VMIM spec.priority (KubeVirt >= 1.7)
 MAX_NAMES = 5
 
 
@@ -59,6 +69,13 @@ def decide(
     if is_migration_target(pod, vmi, view):
         msg = f'Eviction request for target Pod of VMI "{vmi.namespace}/{vmi.name}": a live migration to this pod is in flight'
         return _deny(Reason.MIGRATION_TARGET, msg, dry, vmi, pod)
+    # 5a. the VM's descheduler-caused evacuation is stuck: a plain 429, so the descheduler stops counting it in flight
+    if is_descheduler(req, settings) and NODE not in health.stale:
+        stuck = stuck_evacuation(vmi, migrations, view.node(vmi.evacuation_node), now, settings)
+        if stuck is not None and stuck.node == pod.node:
+            msg = (f'the evacuation of VMI "{vmi.namespace}/{vmi.name}" from node "{pod.node}" is stuck ({stuck.why});'
+                   " KubeVirt keeps retrying it, the descheduler should choose another candidate")
+            return _deny(Reason.EVACUATION_STUCK, msg, dry, vmi, pod)
     # 6. a migration of this VMI is in flight
     in_flight = describe_in_flight(vmi, migrations, now)
     if in_flight:
@@ -217,8 +234,11 @@ def others_leaving(node: str, vmi: VMIRecord, view: ClusterView, now: float, set
         if not is_leaving(other, migrations, node):
             continue
         age = leaving_age(other, migrations, node, now)
-        if age is None or age <= settings.evacuation_stale_after:
-            out.append(f"{other.namespace}/{other.name}")
+        if age is not None and age > settings.evacuation_stale_after:
+            continue
+        if stuck_evacuation(other, migrations, None, now, settings, age=age) is not None:
+            continue
+        out.append(f"{other.namespace}/{other.name}")
     out.sort()
     return out
 
@@ -258,6 +278,68 @@ def leaving_age(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str
         if (unfinished or episode) and (earliest is None or created < earliest):
             earliest = created
     return None if earliest is None else now - earliest
+
+
+@dataclass(slots=True, frozen=True)
+class StuckEvacuation:
+    """A descheduler-caused evacuation that keeps failing (rules 5a and 8, and the canceller)."""
+
+    namespace: str
+    name: str
+    node: str  # status.evacuationNodeName
+    failures: int  # failed attempts in this evacuation episode (KubeVirt keeps the last 5 VMIMs)
+    age: float | None  # seconds since the episode began; None if unknown
+    why: str
+    running: bool  # an attempt is queued or running now (cancel does not abort it)
+
+
+def evacuation_episode(vmi: VMIRecord, migrations: Sequence[MigrationRecord]) -> list[MigrationRecord]:
+    """The VMIMs of the current evacuation: for the node the VMI is marked to leave, created
+    since its last successful migration (oldest first)."""
+    node = vmi.evacuation_node
+    last_success: float | None = None
+    for m in migrations:
+        if m.phase == "Succeeded" and m.created is not None and (last_success is None or m.created > last_success):
+            last_success = m.created
+    episode = [m for m in migrations if m.evacuation_node == node and m.created is not None
+               and (last_success is None or m.created >= last_success)]
+    episode.sort(key=lambda m: m.created or 0.0)
+    return episode
+
+
+def is_descheduler_caused(vmi: VMIRecord, episode: Sequence[MigrationRecord]) -> bool:
+    """The descheduler's eviction marked the VM: VMI annotation ``kubevirt.io/eviction-source:
+    descheduler`` or a ``system-maintenance`` VMIM, and no ``system-critical`` one (a drain's)."""
+    if any(m.priority == PRIORITY_DRAIN for m in episode):
+        return False
+    return vmi.eviction_source == "descheduler" or any(m.priority == PRIORITY_DESCHEDULER for m in episode)
+
+
+def stuck_evacuation(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: NodeRecord | None, now: float,
+                     settings: PolicySettings, age: float | None = None) -> StuckEvacuation | None:
+    """The VM's evacuation is stuck: caused by the descheduler, not part of a drain, and
+    ``evacuationStaleAfterFailures`` failed attempts or older than ``evacuationStaleAfter``.
+
+    ``node`` is the node being left (None: unknown, taken as not draining); ``age`` saves
+    recomputing it when the caller has it. A VM not marked for evacuation is never stuck:
+    without the mark KubeVirt does not retry, so nothing is left to give up on."""
+    if not vmi.evacuation_node or (node is not None and node.draining):
+        return None
+    episode = evacuation_episode(vmi, migrations)
+    if not is_descheduler_caused(vmi, episode):
+        return None
+    failures = sum(1 for m in episode if m.phase == "Failed")
+    if age is None:
+        age = leaving_age(vmi, migrations, vmi.evacuation_node, now)
+    limit = settings.evacuation_stale_after_failures
+    if limit > 0 and failures >= limit:
+        why = f"{failures} failed attempts" + (f" in {format_duration(age)}" if age is not None else "")
+    elif age is not None and age > settings.evacuation_stale_after:
+        why = f"leaving for {format_duration(age)}, {failures} failed attempts"
+    else:
+        return None
+    running = any(not m.finished for m in migrations) or (vmi.migration is not None and vmi.migration.in_flight)
+    return StuckEvacuation(vmi.namespace, vmi.name, vmi.evacuation_node, failures, age, why, running)
 
 
 # ---- helpers -----------------------------------------------------------------

@@ -20,6 +20,7 @@ class Reason:
     NOT_A_VM_POD = "not_a_vm_pod"
     VMI_NOT_FOUND = "vmi_not_found"
     MIGRATION_TARGET = "migration_target"
+    EVACUATION_STUCK = "evacuation_stuck"
     MIGRATION_IN_PROGRESS = "migration_in_progress"
     EVACUATION_PENDING = "evacuation_pending"
     PREFER_NO_EVICTION = "prefer_no_eviction"
@@ -42,6 +43,8 @@ class PolicySettings:
     descheduler_users: frozenset[str] = frozenset()
     pending_evacuations_per_node: int = 1
     evacuation_stale_after: float = 3600.0
+    # a descheduler-caused evacuation with this many failed attempts is stuck (rules 5a and 8); 0: by age only
+    evacuation_stale_after_failures: int = 3
     # rule 10 (steering, only with Prometheus data): score points, 0..100
     steering_min_gain: float = 5.0  # best move must lower the higher of hot/target score by this much
     steering_margin: float = 5.0  # another VM must beat this one by more than this to hold it back

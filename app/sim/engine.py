@@ -65,6 +65,7 @@ class RunData:
     cached_hits: int = 0
     redirected: int = 0
     stall_seconds: int = 0
+    stall_by_vm: Counter = field(default_factory=Counter)  # stall seconds each failing VM held a cache entry through
     blocked_seconds: int = 0
     descheduler_cycles: int = 0
     active_cycles: int = 0
@@ -234,8 +235,12 @@ class Simulation:
         span = min(self.ds.interval, self.duration - now)
         self.data.blocked_seconds += span
         pods = self.kv.pods
-        if any(name in pods and pods[name].vmi.failures_since_success > 0 for name in self.desched.cache):
+        stuck = {pods[name].vmi.name for name in self.desched.cache
+                 if name in pods and pods[name].vmi.failures_since_success > 0}
+        if stuck:
             self.data.stall_seconds += span
+            for vm in stuck:
+                self.data.stall_by_vm[vm] += span
 
     def descheduler_sweep(self, now: int) -> None:
         self.desched.sweep(now)

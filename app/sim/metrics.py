@@ -65,6 +65,7 @@ def summarize(d: RunData) -> dict:
         "spread_cpu": round(100 * mean(d.cpu_std), 3),
         "drain_seconds": drain_seconds(d),
         "stall_seconds": d.stall_seconds,
+        "stall_max_one_vm_seconds": max(d.stall_by_vm.values(), default=0),
         "blocked_by_in_flight_seconds": d.blocked_seconds,
         "max_leaving_per_node": d.max_leaving_per_node,
         "failed_migrations": sum(1 for r in runs if r.failed),

@@ -61,6 +61,7 @@ ROWS = (
     ("drain completion (s)", "drain_seconds", "{:.0f}"),
     ("most VMs leaving one node at once (not drained)", "max_leaving_per_node", "{:.1f}"),
     ("descheduler stalled by failing in-flight entries (s)", "stall_seconds", "{:.0f}"),
+    ("... longest behind one failing VM (s)", "stall_max_one_vm_seconds", "{:.0f}"),
     ("failed migrations", "failed_migrations", "{:.0f}"),
     ("evictions sent: allowed", "evictions.allowed", "{:.0f}"),
     ("evictions sent: background", "evictions.background", "{:.0f}"),
