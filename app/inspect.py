@@ -11,7 +11,7 @@ from app.cluster.store import ClusterStore
 from app.domain.records import COOLDOWN_OVERRIDE, EXEMPT_OVERRIDE, FINAL_PHASES, VMIRecord
 from app.policy import cooldown_state, decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
-from app.policy.decide import describe_in_flight, is_leaving, leaving_age
+from app.policy.decide import describe_in_flight, is_leaving, leaving_age, stuck_evacuation
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.domain.usage import UsageSnapshot
 from app.policy.decide import steering_ranking
@@ -67,6 +67,12 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
     migs = relevant_migrations(vmi, store.migrations(vmi.namespace, vmi.name))
     w(f"vmi:      node={vmi.node or '-'} evacuationNodeName={vmi.evacuation_node or '-'}"
       f" in-flight={describe_in_flight(vmi, migs, now) or 'none'}\n")
+    if vmi.evacuation_node:
+        stuck = stuck_evacuation(vmi, migs, store.node(vmi.evacuation_node), now, settings)
+        w(f"evacuation: from {vmi.evacuation_node} source={vmi.eviction_source or '-'} "
+          + (f"STUCK ({stuck.why})" if stuck else "not stuck")
+          + f" (stuck after {settings.evacuation_stale_after_failures or 'no count of'} failed attempts"
+          f" or {format_duration(settings.evacuation_stale_after)}; descheduler-caused, node not drained)\n")
     w(f"per-VM:   {per_vm_choices(vmi, pod.prefer_no_eviction, settings)}\n")
     finished = sorted(finished_migrations(vmi, migs), key=lambda f: f.end)
     w(f"finished migrations ({len(finished)}):\n")
@@ -161,7 +167,10 @@ def vmi_state(store: ClusterStore, vmi, now: float, settings: PolicySettings) ->
     migs = relevant_migrations(vmi, store.migrations(vmi.namespace, vmi.name))
     st = cooldown_state(vmi, migs, now, settings)
     exempt = vmi.overrides is not None and vmi.overrides.exempt
-    if describe_in_flight(vmi, migs, now):
+    stuck = stuck_evacuation(vmi, migs, store.node(vmi.evacuation_node), now, settings) if vmi.evacuation_node else None
+    if stuck is not None:
+        state = "evacuation-stuck"  # before "migrating": its retries keep failing
+    elif describe_in_flight(vmi, migs, now):
         state = "migrating"
     elif vmi.evacuation_node:
         state = "evacuation-pending"

@@ -60,7 +60,7 @@ def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | No
 
 
 def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | None = None, evacuation: str | None = None,
-         uid: str | None = None) -> dict:
+         uid: str | None = None, priority: str | None = None) -> dict:
     meta: dict = {"name": name, "namespace": NS, "uid": uid or (state or {}).get("migrationUid") or f"uid-{name}",
                   "creationTimestamp": ts(created)}
     if evacuation:
@@ -69,7 +69,22 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
     if state is not None:
         status["migrationState"] = state
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration", "metadata": meta,
-            "spec": {"vmiName": vmi_name}, "status": status}
+            "spec": {"vmiName": vmi_name, **({"priority": priority} if priority else {})}, "status": status}
+
+
+def failing_evacuation(vmi_name: str, node_name: str, attempts: int, first: float = 15, every: float = 4,
+                       priority: str | None = "system-maintenance", running: bool = False) -> list[dict]:
+    """The VMIMs of an evacuation from ``node_name`` whose attempts all failed: the first
+    created ``first`` minutes ago, one every ``every`` minutes; ``running`` adds a queued retry."""
+    out = []
+    for i in range(attempts):
+        created = first - i * every
+        state = mstate(f"{vmi_name}-e{i}", node_name, "worker-b", created - 0.5, created - 3, failed=True)
+        out.append(vmim(f"{vmi_name}-e{i}", vmi_name, "Failed", created, state, evacuation=node_name, priority=priority))
+    if running:
+        out.append(vmim(f"{vmi_name}-e{attempts}", vmi_name, "Pending", first - attempts * every, evacuation=node_name,
+                        priority=priority))
+    return out
 
 
 def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,

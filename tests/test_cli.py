@@ -110,3 +110,32 @@ def test_missing_tls_files_stop_startup(tmp_path) -> None:
 def test_bad_requester(capsys) -> None:
     code, _, err = run(capsys, "explain", "-n", "vms", "--pod", "x", "--requester", "me", "--snapshot", DEMO)
     assert code == 2 and "--requester" in err
+
+
+def stuck_snapshot(tmp_path: Path) -> str:
+    import yaml
+
+    from tests.builders import failing_evacuation, node, pod, vmi
+
+    items = [node("worker-a"), node("worker-b"),
+             vmi("db", "worker-a", evacuation="worker-a", annotations={"kubevirt.io/eviction-source": "descheduler"}),
+             pod("db", "worker-a"), *failing_evacuation("db", "worker-a", 3, running=True),
+             vmi("web", "worker-a", evacuation="worker-a"), pod("web", "worker-a")]
+    path = tmp_path / "stuck.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    return str(path)
+
+
+def test_explain_and_report_show_a_stuck_evacuation(capsys, tmp_path) -> None:
+    snap = stuck_snapshot(tmp_path)
+    code, out, _ = run(capsys, "explain", "-n", "vms", "--pod", "virt-launcher-db-abcde", "--requester", "descheduler",
+                       "--snapshot", snap, "--now", DEMO_NOW)
+    assert code == 0 and "reason: evacuation_stuck" in out
+    assert "evacuation: from worker-a source=descheduler STUCK (3 failed attempts in 15m0s)" in out
+    _, out, _ = run(capsys, "explain", "-n", "vms", "--pod", "virt-launcher-db-abcde", "--requester", "descheduler",
+                    "--snapshot", snap, "--now", DEMO_NOW, "--evacuation-stale-after-failures", "4")
+    assert "reason: migration_in_progress" in out and "not stuck" in out
+    _, out, _ = run(capsys, "report", "--snapshot", snap, "--now", DEMO_NOW)
+    rows = {line.split()[1]: line.split() for line in out.splitlines()[1:] if line.startswith("vms ")}
+    assert rows["db"][-1] == "evacuation-stuck"
+    assert rows["web"][-1] == "evacuation-pending"

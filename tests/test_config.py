@@ -48,11 +48,24 @@ def test_zero_means_zero() -> None:
     ({"evacuationStaleAfter": "-1s"}, "evacuationStaleAfter"),
     ({"honorPreferNoEviction": "yes"}, "honorPreferNoEviction"),
     ({"honorPreferNoEviction": 1}, "honorPreferNoEviction"),
+    ({"evacuationStaleAfterFailures": -1}, "evacuationStaleAfterFailures"),
+    ({"evacuationStaleAfterFailures": 6}, "evacuationStaleAfterFailures"),
+    ({"evacuationStaleAfterFailures": "three"}, "evacuationStaleAfterFailures"),
+    ({"evacuationStaleAfterFailures": 2.5}, "evacuationStaleAfterFailures"),
+    ({"evacuationStaleAfterFailures": True}, "evacuationStaleAfterFailures"),
 ])
 def test_invalid_settings_name_the_setting(values, named) -> None:
     with pytest.raises(SettingsError) as e:
         build_settings(values)
     assert str(e.value).startswith(named)
+
+
+def test_stale_after_failures() -> None:
+    assert build_settings({}).evacuation_stale_after_failures == 3
+    assert build_settings({"evacuationStaleAfterFailures": "5"}).evacuation_stale_after_failures == 5
+    assert build_settings({"evacuationStaleAfterFailures": 0}).evacuation_stale_after_failures == 0
+    with pytest.raises(SettingsError, match="KubeVirt keeps only the 5 most recent"):
+        build_settings({"evacuationStaleAfterFailures": 9})
 
 
 def test_config_file(tmp_path) -> None:

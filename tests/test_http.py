@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.builders import FIXTURES, mstate, node, pod, ts, vmi, vmim
+from tests.builders import FIXTURES, failing_evacuation, mstate, node, pod, ts, vmi, vmim
 from tests.guard_process import GuardProcess
 
 ADMISSION = FIXTURES / "admission"
@@ -35,6 +35,9 @@ OBJECTS = [
     pod("shy", "worker-b", name="virt-launcher-shy", annotations={PREFER_NO_EVICTION: ""}),
     vmi("rested", "worker-c", migration=mstate("m-old", "worker-a", "worker-c", start=40, end=30)),  # cooldown over
     pod("rested", "worker-c", name="virt-launcher-rested"),
+    # a descheduler-caused evacuation that failed 3 times (rule 5a)
+    vmi("stuck", "worker-c", evacuation="worker-c", annotations={"kubevirt.io/eviction-source": "descheduler"}),
+    pod("stuck", "worker-c", name="virt-launcher-stuck"), *failing_evacuation("stuck", "worker-c", 3),
 ]
 
 # fixture -> (allowed, reason, dry run)
@@ -209,6 +212,23 @@ def test_prefer_no_eviction_denial_over_the_wire(client) -> None:
     plain = base_review()  # no requested-by: an admin's eviction is not held back by the annotation
     plain["request"]["name"] = "virt-launcher-shy"
     assert post(client, plain).json()["response"]["auditAnnotations"]["reason"] == "allowed"
+
+
+def test_stuck_evacuation_denial_over_the_wire(client) -> None:
+    r = post(client, descheduler_review("virt-launcher-stuck"))
+    assert "retryAfterSeconds" not in r.text
+    resp = r.json()["response"]
+    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == "evacuation_stuck"
+    assert (resp["status"]["code"], resp["status"]["reason"]) == (429, "TooManyRequests")
+    assert 'the evacuation of VMI "vms/stuck" from node "worker-c" is stuck (3 failed attempts' in resp["status"]["message"]
+    assert "Eviction triggered evacuation" not in resp["status"]["message"]  # the descheduler moves on, counts nothing
+    plain = base_review()  # an admin's eviction of the same VM still gets KubeVirt's background text
+    plain["request"]["name"] = "virt-launcher-stuck"
+    resp = post(client, plain).json()["response"]
+    assert resp["auditAnnotations"]["reason"] == "evacuation_pending"
+    assert "Evacuation in progress: Eviction triggered evacuation" in resp["status"]["message"]
+    metrics = client.get("/metrics").text
+    assert 'kubevirt_eviction_guard_blocks_total{namespace="vms",node="worker-c",reason="evacuation_stuck"} 1.0' in metrics
 
 
 def cooldown_observations(client) -> float:

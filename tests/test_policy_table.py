@@ -13,7 +13,7 @@ import pytest
 from app.domain.usage import UsageSnapshot
 from app.domain.view import CacheHealth
 from app.policy import EvictionRequest, PolicySettings, decide
-from tests.builders import MIN, NOW, mstate, node, pod, six_short_migrations, store_of, usage_snapshot, vmi, vmim
+from tests.builders import MIN, NOW, failing_evacuation, mstate, node, pod, six_short_migrations, store_of, usage_snapshot, vmi, vmim
 
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
          node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), node("worker-e", taints=("node.kubernetes.io/unschedulable",)),
@@ -59,6 +59,8 @@ EXEMPT = {EX: "true"}
 DB_PNE = vmi("db", "worker-a", annotations={PNE: ""})
 DB_POD_PNE = pod("db", "worker-a", annotations={PNE: ""})
 UIDLESS = {k: v for k, v in RECENT.items() if k != "migrationUid"}
+SRC = {"kubevirt.io/eviction-source": "descheduler"}
+DB_MARKED = vmi("db", "worker-a", evacuation="worker-a", annotations=SRC)
 
 ROWS = [
     # 1. not a CREATE of pods/eviction
@@ -88,6 +90,34 @@ ROWS = [
         user(), False, "migration_target"),
     Row("5 labelled with a finished VMIM: not a target", [DB, pod("db", "worker-a", job="m1"),
         vmim("m1", "db", "Succeeded", 600, mstate("m1", "worker-b", "worker-a", 599, 598))], desched(), True, "allowed"),
+    # 5a. a stuck descheduler-caused evacuation: plain 429 for the descheduler (no background text)
+    Row("5a three failed descheduler attempts: stuck", [DB_MARKED, DB_POD, *failing_evacuation("db", "worker-a", 3)], desched(),
+        False, "evacuation_stuck", 'the evacuation of VMI "vms/db" from node "worker-a" is stuck (3 failed attempts in 15m0s)'),
+    Row("5a two failed attempts: not yet, background text", [DB_MARKED, DB_POD, *failing_evacuation("db", "worker-a", 2)],
+        desched(), False, "evacuation_pending", BG),
+    Row("5a older than evacuationStaleAfter with one failure: stuck", [DB_MARKED, DB_POD,
+        *failing_evacuation("db", "worker-a", 1, first=70)], desched(), False, "evacuation_stuck", "leaving for 1h10m0s"),
+    Row("5a a retry queued: still stuck (it would fail like the others)", [DB_MARKED, DB_POD,
+        *failing_evacuation("db", "worker-a", 3, running=True)], desched(), False, "evacuation_stuck"),
+    Row("5a descheduler-caused by VMIM priority alone", [vmi("db", "worker-a", evacuation="worker-a"), DB_POD,
+        *failing_evacuation("db", "worker-a", 3)], desched(), False, "evacuation_stuck"),
+    Row("5a descheduler-caused by the VMI annotation alone (KubeVirt < 1.7: no priority)", [DB_MARKED, DB_POD,
+        *failing_evacuation("db", "worker-a", 3, priority=None)], desched(), False, "evacuation_stuck"),
+    Row("5a cause unknown: never stuck", [vmi("db", "worker-a", evacuation="worker-a"), DB_POD,
+        *failing_evacuation("db", "worker-a", 3, priority=None)], desched(), False, "evacuation_pending", BG),
+    Row("5a a drain's evacuation (system-critical) is never stuck", [DB_MARKED, DB_POD,
+        *failing_evacuation("db", "worker-a", 3, priority="system-critical")], desched(), False, "evacuation_pending", BG),
+    Row("5a node being drained: background text", [vmi("db", "worker-c", evacuation="worker-c", annotations=SRC),
+        pod("db", "worker-c"), *failing_evacuation("db", "worker-c", 3)], desched(), False, "evacuation_pending", BG),
+    Row("5a admin eviction of a stuck VM keeps the background text", [DB_MARKED, DB_POD,
+        *failing_evacuation("db", "worker-a", 3)], user(), False, "evacuation_pending", BG),
+    Row("5a evacuationStaleAfterFailures 0: by age only", [DB_MARKED, DB_POD, *failing_evacuation("db", "worker-a", 3)],
+        desched(), False, "evacuation_pending", settings=PolicySettings(evacuation_stale_after_failures=0)),
+    Row("5a failures before the last success belong to an earlier episode", [DB_MARKED, DB_POD,
+        *failing_evacuation("db", "worker-a", 2, first=40),
+        vmim("ok", "db", "Succeeded", 30, mstate("ok", "worker-b", "worker-a", 29, 28)),
+        vmim("e9", "db", "Failed", 10, mstate("e9", "worker-a", "worker-b", 9, 8, failed=True), evacuation="worker-a",
+             priority="system-maintenance")], desched(), False, "evacuation_pending"),
     # 6. migration in flight
     Row("6 VMI migrationState started, not ended", [vmi("db", "worker-a", migration=mstate("m3", "worker-a", "worker-b", 2)), DB_POD],
         desched(), False, "migration_in_progress", BG + ": live migration from worker-a to worker-b started 2m0s ago"),
@@ -160,6 +190,14 @@ ROWS = [
          vmim("ok", "web", "Succeeded", 150, mstate("ok", "worker-b", "worker-a", 149, 140)),
          vmim("e2", "web", "Failed", 20, mstate("e2", "worker-a", "worker-b", 19, 15, failed=True), evacuation="worker-a")],
         desched(), False, "node_busy"),
+    Row("8 a stuck descheduler evacuation (3 failures in 15 min) does not count",
+        [DB, DB_POD, vmi("web", "worker-a", evacuation="worker-a", annotations=SRC), *failing_evacuation("web", "worker-a", 3)],
+        desched(), True, "allowed"),
+    Row("8 a drain's failing evacuation still counts (not stale yet)",
+        [DB, DB_POD, vmi("web", "worker-a", evacuation="worker-a"),
+         *failing_evacuation("web", "worker-a", 3, priority="system-critical")], desched(), False, "node_busy"),
+    Row("8 two failures: still counts", [DB, DB_POD, vmi("web", "worker-a", evacuation="worker-a", annotations=SRC),
+        *failing_evacuation("web", "worker-a", 2)], desched(), False, "node_busy"),
     Row("8 leaver of unknown age counts", [DB, DB_POD, *WEB_LEAVING], desched(), False, "node_busy",
         settings=PolicySettings(evacuation_stale_after=60)),
     Row("8 stale threshold applies to in-flight start", [DB, DB_POD, vmi("web", "worker-a", migration=mstate("w1", "worker-a", "worker-b", 3))],
