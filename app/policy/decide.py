@@ -71,7 +71,7 @@ def decide(
         return _deny(Reason.MIGRATION_TARGET, msg, dry, vmi, pod)
     # 5a. the VM's descheduler-caused evacuation is stuck: a plain 429, so the descheduler stops counting it in flight
     if is_descheduler(req, settings) and NODE not in health.stale:
-        stuck = stuck_evacuation(vmi, migrations, view.node(vmi.evacuation_node), now, settings)
+        stuck = stuck_evacuation(vmi, migrations, view.node(pod.node), now, settings)
         if stuck is not None and stuck.node == pod.node:
             msg = (f'the evacuation of VMI "{vmi.namespace}/{vmi.name}" from node "{pod.node}" is stuck ({stuck.why});'
                    " KubeVirt keeps retrying it, the descheduler should choose another candidate")
@@ -291,12 +291,12 @@ class StuckEvacuation:
     age: float | None  # seconds since the episode began; None if unknown
     why: str
     running: bool  # an attempt is queued or running now (cancel does not abort it)
+    marked: bool  # status.evacuationNodeName is set (else only a retry VMIM is left, e.g. after a cancel)
 
 
-def evacuation_episode(vmi: VMIRecord, migrations: Sequence[MigrationRecord]) -> list[MigrationRecord]:
-    """The VMIMs of the current evacuation: for the node the VMI is marked to leave, created
-    since its last successful migration (oldest first)."""
-    node = vmi.evacuation_node
+def evacuation_episode(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str) -> list[MigrationRecord]:
+    """The VMIMs of the current evacuation from ``node``: created since the VMI's last
+    successful migration (oldest first)."""
     last_success: float | None = None
     for m in migrations:
         if m.phase == "Succeeded" and m.created is not None and (last_success is None or m.created > last_success):
@@ -321,16 +321,18 @@ def stuck_evacuation(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node
     ``evacuationStaleAfterFailures`` failed attempts or older than ``evacuationStaleAfter``.
 
     ``node`` is the node being left (None: unknown, taken as not draining); ``age`` saves
-    recomputing it when the caller has it. A VM not marked for evacuation is never stuck:
-    without the mark KubeVirt does not retry, so nothing is left to give up on."""
-    if not vmi.evacuation_node or (node is not None and node.draining):
+    recomputing it when the caller has it. The VM is leaving when it is marked, or when a
+    retry VMIM of the evacuation is still queued (KubeVirt creates it held back by its
+    backoff; a cancel clears the mark but does not remove it)."""
+    source = vmi.evacuation_node or next((m.evacuation_node for m in migrations if not m.finished and m.evacuation_node), "")
+    if not source or (node is not None and node.draining):
         return None
-    episode = evacuation_episode(vmi, migrations)
+    episode = evacuation_episode(vmi, migrations, source)
     if not is_descheduler_caused(vmi, episode):
         return None
     failures = sum(1 for m in episode if m.phase == "Failed")
     if age is None:
-        age = leaving_age(vmi, migrations, vmi.evacuation_node, now)
+        age = leaving_age(vmi, migrations, source, now)
     limit = settings.evacuation_stale_after_failures
     if limit > 0 and failures >= limit:
         why = f"{failures} failed attempts" + (f" in {format_duration(age)}" if age is not None else "")
@@ -339,7 +341,7 @@ def stuck_evacuation(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node
     else:
         return None
     running = any(not m.finished for m in migrations) or (vmi.migration is not None and vmi.migration.in_flight)
-    return StuckEvacuation(vmi.namespace, vmi.name, vmi.evacuation_node, failures, age, why, running)
+    return StuckEvacuation(vmi.namespace, vmi.name, source, failures, age, why, running, bool(vmi.evacuation_node))
 
 
 # ---- helpers -----------------------------------------------------------------

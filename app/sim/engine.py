@@ -23,7 +23,7 @@ from random import Random
 
 from app.cluster.store import ClusterStore
 from app.sim.descheduler import CycleResult, Descheduler, node_scores, pressure
-from app.sim.guards import AUTOSCALER, KUBECTL, Mode, guard_settings_for, parse_mode
+from app.sim.guards import AUTOSCALER, CANCEL_INTERVAL, KUBECTL, Mode, guard_settings_for, parse_mode
 from app.sim.kubevirt import KubeVirt, MigrationRun
 from app.sim.model import TAINT_AUTOSCALER, VM, Node
 from app.sim.prometheus import ModelledPrometheus
@@ -72,6 +72,7 @@ class RunData:
     concurrent_evacuations: int = 0
     max_leaving_per_node: int = 0
     policy_calls: int = 0
+    evacuations_cancelled: int = 0
 
 
 def initial_placement(nodes: list[Node], vms: list[VM], rng: Random) -> list[int]:
@@ -149,6 +150,8 @@ class Simulation:
         self.schedule(ds.first_run, PRIO_DESCHEDULER, self.soft_tainter)
         for e in self.sc.events:
             self.schedule(e.at, PRIO_EVENT, self.scenario_event, (e,))
+        if self.mode.canceller is not None:
+            self.schedule(CANCEL_INTERVAL, PRIO_KUBEVIRT, self.cancel_stuck)
         queue, end = self._queue, self.duration
         while queue and queue[0][0] <= end:
             at, _, _, fn, args = heapq.heappop(queue)
@@ -169,6 +172,7 @@ class Simulation:
         d.concurrent_evacuations = self.kv.concurrent_evacuations
         d.max_leaving_per_node = self.kv.max_marked_on_one_node
         d.policy_calls = self.mode.policy_calls
+        d.evacuations_cancelled = self.mode.canceller.cancelled if self.mode.canceller is not None else 0
         return d
 
     # ---- recurring events ----------------------------------------------------
@@ -241,6 +245,11 @@ class Simulation:
             self.data.stall_seconds += span
             for vm in stuck:
                 self.data.stall_by_vm[vm] += span
+
+    def cancel_stuck(self, now: int) -> None:
+        assert self.mode.canceller is not None
+        self.mode.canceller.run(now)
+        self.schedule(now + CANCEL_INTERVAL, PRIO_KUBEVIRT, self.cancel_stuck)
 
     def descheduler_sweep(self, now: int) -> None:
         self.desched.sweep(now)

@@ -12,7 +12,11 @@ A mode is a *baseline* (how the descheduler is set up) optionally followed by
   mutating webhook (so it runs before KubeVirt's) deciding on a real
   ``ClusterStore`` that KubeVirt's simulated objects are published into;
 - ``BASELINE+steer``: the same guard with steering (rule 10) on, fed by a
-  modelled Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted).
+  modelled Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted);
+- ``BASELINE+guard-cancel``: the guard plus its canceller: every ``CANCEL_INTERVAL``
+  it cancels, through KubeVirt's ``evacuate/cancel``, each evacuation that
+  ``app.policy.decide.stuck_evacuation`` calls stuck (descheduler-caused, never
+  a drain's).
 
 A new baseline or guard variant is one entry in ``BASELINES`` or
 ``GUARD_VARIANTS``. A variant's settings are the guard's defaults, then the
@@ -26,6 +30,8 @@ from dataclasses import dataclass, field
 
 from app.domain.view import HEALTHY
 from app.policy import decide, effective_cooldown
+from app.policy.cooldown import relevant_migrations
+from app.policy.decide import stuck_evacuation
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
 
@@ -49,6 +55,7 @@ class GuardVariant:
     description: str
     settings: dict = field(default_factory=dict)  # design.md names, applied last
     steering: bool = False  # rule 10, fed by app.sim.prometheus.ModelledPrometheus
+    cancel: bool = False  # the guard cancels stuck descheduler evacuations (--cancel-stuck-evacuations)
 
 
 BASELINES = {
@@ -59,6 +66,8 @@ BASELINES = {
 GUARD_VARIANTS = {
     "guard": GuardVariant("the guard with its default settings and the scenario's guard block"),
     "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
+    "guard-cancel": GuardVariant("the guard that also cancels stuck descheduler evacuations (evacuate/cancel)",
+                                 cancel=True),
 }
 ALIASES = {"off": "upstream"}
 MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
@@ -138,6 +147,37 @@ class GuardWebhook:
         return None if d.allowed else Answer(False, d.message, d.reason)
 
 
+CANCEL_INTERVAL = 30  # seconds between the canceller's passes over the store
+
+
+class Canceller:
+    """The guard's canceller on the simulated store: the same pure judgement as in
+    production (``stuck_evacuation``), then KubeVirt's ``evacuate/cancel``."""
+
+    def __init__(self, kubevirt: KubeVirt, settings: PolicySettings) -> None:
+        self.kv = kubevirt
+        self.settings = settings
+        self.cancelled = 0
+        self.refused = 0
+
+    def run(self, now: int) -> None:
+        store = self.kv.store
+        for v in self.kv.vmis:
+            if not v.evacuation_node:
+                continue  # only a mark can be cancelled
+            rec = store.vmi(NAMESPACE, v.name)
+            if rec is None:
+                continue
+            migrations = relevant_migrations(rec, store.migrations(NAMESPACE, v.name))
+            stuck = stuck_evacuation(rec, migrations, store.node(rec.evacuation_node), EPOCH + now, self.settings)
+            if stuck is None or not stuck.marked:
+                continue
+            if self.kv.cancel_evacuation(v, stuck.node, now):
+                self.cancelled += 1
+            else:
+                self.refused += 1
+
+
 class Mode:
     """The protection layers of one mode: the plugin inside the descheduler and the
     guard webhook in the API server, each optional."""
@@ -151,6 +191,8 @@ class Mode:
         self.prometheus = prometheus if spec.guard is not None and spec.guard.steering else None
         self.guard = (GuardWebhook(kubevirt, guard, self.prometheus)
                       if spec.guard is not None and guard is not None else None)
+        self.canceller = (Canceller(kubevirt, guard)
+                          if spec.guard is not None and spec.guard.cancel and guard is not None else None)
         self.policy_calls = 0
 
     def pre_filter(self, pod: Pod, now: int) -> str | None:

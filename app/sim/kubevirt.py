@@ -535,6 +535,23 @@ class KubeVirt:
 
     # ---- what other components read -----------------------------------------
 
+    def cancel_evacuation(self, vmi: VMI, node: str, now: int) -> bool:
+        """``PUT .../virtualmachineinstances/NAME/evacuate/cancel`` (v1.8+) with
+        ``{"evacuationNodeName": node}``: clears the mark, so no new VMIM is created.
+        It does not abort a migration already created (queued or running): that one
+        still runs, and only its retry is gone. Refused when the node carries a drain
+        taint or the mark is for another node. virt-controller then drops the pod's
+        eviction-in-progress annotation, as for any unmarked VMI."""
+        target = self.node_by_name.get(node)
+        if vmi.evacuation_node != node or target is None or target.no_schedule:
+            return False
+        self.marked_on[node] -= 1
+        vmi.evacuation_node = ""
+        self.publish_vmi(vmi)
+        if vmi.pod is not None:
+            self.schedule(now + ANNOTATION_DELAY, self._sync_annotation, (vmi.pod,))
+        return True
+
     def running_runs(self) -> list[MigrationRun]:
         return [
             MigrationRun(m.vmi.name, m.cause, m.created, m.start if m.start is not None else 0, None,

@@ -81,6 +81,7 @@ def summarize(d: RunData) -> dict:
         "descheduler_cycles_with_action": d.active_cycles,
         "descheduler_outcomes": dict(sorted(d.descheduler_outcomes.items())),
         "policy_calls": d.policy_calls,
+        "evacuations_cancelled": d.evacuations_cancelled,
         "drains": [
             {"node": dr.node, "how": dr.how, "start_s": dr.start,
              "seconds": None if dr.done is None else dr.done - dr.start, "vms_at_start": dr.vms_at_start,

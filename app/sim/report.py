@@ -68,6 +68,7 @@ ROWS = (
     ("evictions sent: error (refused)", "evictions.error", "{:.0f}"),
     ("evictions redirected to another pod", "evictions_redirected", "{:.0f}"),
     ("in-flight entries lapsed", "in_flight_lapsed", "{:.0f}"),
+    ("stuck evacuations cancelled by the guard", "evacuations_cancelled", "{:.0f}"),
 )
 LISTED = tuple(k for _, k, _ in ROWS if "." not in k) + ("blocked_by_in_flight_seconds", "in_flight_counted_without_request",
                                                           "vms_migrated", "policy_calls")
