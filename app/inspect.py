@@ -9,12 +9,11 @@ from typing import TextIO
 from app.cluster.migrations import cause_of
 from app.cluster.store import ClusterStore
 from app.domain.records import COOLDOWN_OVERRIDE, EXEMPT_OVERRIDE, FINAL_PHASES, VMIRecord
+from app.domain.usage import UsageSnapshot
 from app.policy import cooldown_state, decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
-from app.policy.decide import describe_in_flight, is_leaving, leaving_age, stuck_evacuation
+from app.policy.decide import describe_in_flight, is_leaving, leaving_age, steering_ranking, stuck_evacuation
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
-from app.domain.usage import UsageSnapshot
-from app.policy.decide import steering_ranking
 from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
 from app.timefmt import format_duration, format_timestamp
 

@@ -120,3 +120,35 @@ def test_plugin_after_restart_sees_at_most_the_five_kept_successes():
     assert plugin.check(pod, at) == "plugin_cooldown"
     plugin.restarted(at)
     assert len(plugin.history["vm00"]) == 5 and plugin.check(pod, at) is None
+
+
+def test_cancel_clears_the_mark_but_not_a_created_vmim_and_is_refused_on_a_drain_tainted_node():
+    from app.sim.model import TAINT_AUTOSCALER
+
+    kv, clock, store = cluster(2, 2)
+    a, b = kv.vmis[0], kv.vmis[1]
+    kv.admit_eviction(a.pod.name, 0, True)
+    clock.run_until(2)
+    assert a.pod.eviction_in_progress and len(a.vmims) == 1
+    assert kv.cancel_evacuation(a, "n1", 2) is False  # not the node it is marked for
+    assert kv.cancel_evacuation(a, "n0", 2) is True
+    clock.run_until(4)
+    assert store.vmi(NAMESPACE, a.name).evacuation_node == "" and not a.pod.eviction_in_progress
+    assert a.vmims[0].phase != "Failed" and kv.leaving("n0") == 0  # the created VMIM is not aborted
+    kv.set_no_schedule(kv.node_by_name["n0"], TAINT_AUTOSCALER, 4)
+    kv.admit_eviction(b.pod.name, 4, True)
+    assert kv.cancel_evacuation(b, "n0", 5) is False and b.evacuation_node == "n0"
+
+
+def test_guard_cancel_mode_cancels_stuck_descheduler_evacuations_only():
+    from app.sim.engine import Simulation
+    from app.sim.scenario import load_scenario
+
+    sc = load_scenario("examples/scenarios/failing-migrations.yaml")
+    plain = Simulation(sc, "upstream+guard", hours=4).run()
+    sim = Simulation(sc, "upstream+guard-cancel", hours=4)
+    cancelling = sim.run()
+    assert plain.evacuations_cancelled == 0 and cancelling.evacuations_cancelled > 0
+    assert sum(r.failed for r in cancelling.runs) < sum(r.failed for r in plain.runs)
+    assert all(r.cause == "descheduler" for r in cancelling.runs)  # no drain in this scenario to protect
+    assert parse_mode("profile+guard-cancel").guard.cancel and not parse_mode("profile+guard").guard.cancel

@@ -9,10 +9,9 @@ every replica.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from app.domain.kinds import NODE, POD, VMI, VMIM
 from dataclasses import dataclass
 
+from app.domain.kinds import NODE, POD, VMI, VMIM
 from app.domain.records import (
     EXEMPT_OVERRIDE,
     PREFER_NO_EVICTION,
