@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="log decisions only: no Events, no annotation, no migration history")
     fx.add_argument("--no-history-annotation", action="store_true",
                     help="do not keep the VMIs' migration history annotation (cooldown counts only what KubeVirt keeps)")
+    fx.add_argument("--cancel-stuck-evacuations", action="store_true",
+                    help="cancel stuck descheduler-caused evacuations through KubeVirt's evacuate/cancel (v1.8+); "
+                         "never a drain's (off by default)")
     serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
                        help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
     serve.add_argument("--tls-reload-interval", type=float, default=5.0, metavar="SECONDS",

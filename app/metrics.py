@@ -56,6 +56,10 @@ class Metrics:
         # cause: descheduler | evacuation | user | workload-update | unknown (app/cluster/migrations.py)
         self.migrations = Counter(PREFIX + "migrations_total", "VMIMs seen to finish, by cause and outcome",
                                   ["cause", "outcome"], registry=r)
+        # the canceller (--cancel-stuck-evacuations): outcome is cancelled | refused
+        self.evacuation_cancels = Counter(PREFIX + "evacuation_cancels_total",
+                                          "Stuck descheduler evacuations the guard cancelled (evacuate/cancel), by outcome",
+                                          ["outcome", "node", "namespace"], registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
 
     def render(self) -> tuple[bytes, str]:

@@ -22,6 +22,7 @@ from app.admission.review import Review
 from app.backoff import Backoff
 from app.domain.view import ClusterView
 from app.effects.annotate import AnnotateJob, wanted
+from app.effects.cancel import StuckCanceller
 from app.effects.decision_log import log_decision
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
 from app.effects.history import HistoryRecorder, HistoryView
@@ -59,6 +60,8 @@ class Effects:
         self.descheduler_users = descheduler_users  # the policy setting: users counted as the descheduler
         self.clock = clock
         self.history: HistoryRecorder | None = None
+        self.canceller: StuckCanceller | None = None
+        self.metrics = metrics
 
     def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
                        interval: float | None = None) -> HistoryRecorder:
@@ -68,13 +71,25 @@ class Effects:
         store.add_listener(self.history.on_change)  # type: ignore[attr-defined]
         return self.history
 
+    def cancel_stuck_evacuations(self, store, settings: PolicySettings, ready: Callable[[], bool],
+                                 interval: float | None = None) -> StuckCanceller:
+        """Cancel stuck descheduler evacuations (``--cancel-stuck-evacuations``, live mode)."""
+        kw = {"interval": interval} if interval is not None else {}
+        self.canceller = StuckCanceller(store, self.api, self.queue, self.metrics, settings, clock=self.clock,
+                                        ready=ready, **kw)
+        return self.canceller
+
     def start(self) -> Effects:
         self.queue.start()
         if self.history is not None:
             self.history.start()
+        if self.canceller is not None:
+            self.canceller.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.canceller is not None:
+            self.canceller.stop(timeout)
         if self.history is not None:
             self.history.stop(timeout)
         self.queue.stop(timeout)

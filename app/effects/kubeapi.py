@@ -64,6 +64,14 @@ class EffectsApi(Protocol):
 
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
 
+    def cancel_evacuation(self, namespace: str, name: str, node: str) -> None:
+        """KubeVirt (v1.8+) ``evacuate/cancel`` subresource: clear the VMI's mark for ``node``."""
+        ...
+
+
+CANCEL_PATH = ("/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/{name}"
+               "/evacuate/cancel")
+
 
 def classify(e: ApiException) -> Exception:
     status = e.status or 0
@@ -119,6 +127,24 @@ class KubeEffectsApi:
         self._call(self.custom.patch_namespaced_custom_object, "kubevirt.io", "v1", namespace,
                    "virtualmachineinstances", name, patch, _content_type=JSON_PATCH)
 
+    def cancel_evacuation(self, namespace: str, name: str, node: str) -> None:
+        # the generated clients have no method for KubeVirt's aggregated API: the client's own request path
+        api = self.custom.api_client
+        request = api.param_serialize("PUT", CANCEL_PATH, path_params={"namespace": namespace, "name": name},
+                                      header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                                      body={"evacuationNodeName": node}, auth_settings=["BearerToken"])
+        try:
+            resp = api.call_api(*request, _request_timeout=self.timeout)
+            data = resp.read()
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timed out
+            raise TransientApiError(f"{type(e).__name__}: {e}") from None
+        if not 200 <= resp.status <= 299:
+            try:
+                ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"), data=None)
+            except ApiException as e:  # it raises the status's own subclass
+                raise classify(e) from None
+            raise PermanentApiError(f"{resp.status} {resp.reason or ''}".strip())
+
 
 class LogOnlyApi:
     """No API server (snapshot mode): log each write the guard would make, succeed."""
@@ -140,6 +166,9 @@ class LogOnlyApi:
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         log.info("would update Event (no API server)", extra={"namespace": namespace, "event": name,
                                                                "count": patch.get("count")})
+
+    def cancel_evacuation(self, namespace: str, name: str, node: str) -> None:
+        log.info("would cancel evacuation (no API server)", extra={"namespace": namespace, "vmi": name, "node": node})
 
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         log.info("would patch VMI (no API server)", extra={"namespace": namespace, "vmi": name,

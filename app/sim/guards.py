@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 
 from app.domain.view import HEALTHY
 from app.policy import decide, effective_cooldown
-from app.policy.cooldown import relevant_migrations
-from app.policy.decide import stuck_evacuation
+from app.policy.cancel import evacuations_to_cancel
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
 
@@ -162,17 +161,8 @@ class Canceller:
 
     def run(self, now: int) -> None:
         store = self.kv.store
-        for v in self.kv.vmis:
-            if not v.evacuation_node:
-                continue  # only a mark can be cancelled
-            rec = store.vmi(NAMESPACE, v.name)
-            if rec is None:
-                continue
-            migrations = relevant_migrations(rec, store.migrations(NAMESPACE, v.name))
-            stuck = stuck_evacuation(rec, migrations, store.node(rec.evacuation_node), EPOCH + now, self.settings)
-            if stuck is None or not stuck.marked:
-                continue
-            if self.kv.cancel_evacuation(v, stuck.node, now):
+        for stuck in evacuations_to_cancel(store.vmis(), store, EPOCH + now, self.settings):
+            if self.kv.cancel_evacuation(self.kv.vmi_by_name[stuck.name], stuck.node, now):
                 self.cancelled += 1
             else:
                 self.refused += 1

@@ -58,6 +58,10 @@ Use::
         api.set_latency(0.5, kind="pod")
         api.hold_streams(); api.release_streams()  # queue watch events, then flush them in a burst
         api.remove_api("kubevirt.io"); api.restore_api("kubevirt.io")
+        # KubeVirt >= 1.8: PUT /apis/subresources.kubevirt.io/v1/namespaces/NS/virtualmachineinstances/NAME/evacuate/cancel
+        api.cancels                           # every cancel with its body and answer
+        api.evacuate_cancel_forbidden = True  # 403, as without the RBAC rule
+        api.remove_api("subresources.kubevirt.io")  # 404, as KubeVirt < 1.8
         api.forbid("vmim"); api.allow("vmim")
         api.down(); api.up()
         api.requests_for("vmi", watch=True)   # RequestRecord(method, path, query, status)

@@ -231,6 +231,8 @@ class FakeApiServer:
         self.record_requests = record_requests
         self.requests: collections.deque[RequestRecord] = collections.deque(maxlen=20000)
         self.patches: list[PatchRecord] = []
+        self.cancels: list[PatchRecord] = []  # every evacuate/cancel PUT, with what was answered
+        self.evacuate_cancel_forbidden = False  # RBAC without the evacuate/cancel rule: 403
         self._state = _State()
         self._faults: list[Fault] = []
         self._latency: list[tuple[float, Resource | None]] = []
@@ -609,6 +611,19 @@ def _shutdown(conn: socket.socket) -> None:
         pass
 
 
+EVACUATE_CANCEL = "virtualmachineinstances/evacuate/cancel"
+KUBEVIRT_DRAIN_TAINT = "kubevirt.io/drain"  # KubeVirt's default migrations.nodeDrainTaintKey
+
+
+def _evacuate_cancel_path(path: str) -> tuple[str, str] | None:
+    """(namespace, name) for KubeVirt's evacuate/cancel subresource path, else None."""
+    segs = [s for s in path.split("/") if s]
+    if (len(segs) == 9 and segs[:4] == ["apis", "subresources.kubevirt.io", "v1", "namespaces"]
+            and segs[5] == "virtualmachineinstances" and segs[7:] == ["evacuate", "cancel"]):
+        return segs[4], segs[6]
+    return None
+
+
 def _path_resource(path: str) -> Resource | None:
     try:
         route = _parse_path(path)
@@ -707,6 +722,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._path = url.path
         self._query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         body = self._body() if self.command in ("POST", "PUT", "PATCH") else b""
+        cancel = _evacuate_cancel_path(url.path)
+        if cancel is not None:
+            return self._evacuate_cancel(*cancel, body)
         try:
             route = _parse_path(url.path)
         except ValueError:
@@ -1017,6 +1035,67 @@ class _Handler(BaseHTTPRequestHandler):
                  body: bytes | dict) -> None:
         self.fake.patches.append(PatchRecord(resource.id, namespace, name, ctype, patch, status))
         self._send(status, body)
+
+    # ---- KubeVirt's aggregated API: virtualmachineinstances/NAME/evacuate/cancel (v1.8) ----------------
+
+    def _evacuate_cancel(self, namespace: str, name: str, body: bytes) -> None:
+        """``PUT /apis/subresources.kubevirt.io/v1/namespaces/NS/virtualmachineinstances/NAME/evacuate/cancel``
+        with ``{"evacuationNodeName": NODE}``, as virt-api serves it: 404 for an unknown VMI; 400
+        when the node being left carries KubeVirt's drain taint (``kubevirt.io/drain:NoSchedule``, the
+        default NodeDrainTaintKey); 200 and nothing done when the VMI is not marked; else a JSON
+        patch that tests ``/status/evacuationNodeName`` against the body's node and removes it
+        (a mismatch is the 500 InternalError virt-api answers for a failed patch)."""
+        fake = self.fake
+        vmi_resource = res.resolve("vmi")
+        if "subresources.kubevirt.io" in fake._absent_groups:  # KubeVirt < 1.8 serves no evacuate/cancel
+            return self._send(404, res.status(404, "the server could not find the requested resource", "NotFound"))
+        if self.command != "PUT":
+            return self._send(405, res.status(405, "the server does not allow this method on the requested resource"))
+        fault = fake._take_fault(None, "update")
+        if fault is not None:
+            return self._send(fault.status, res.status(fault.status, fault.message))
+        if fake.evacuate_cancel_forbidden:
+            return self._send(403, res.status(403, f'virtualmachineinstances.subresources.kubevirt.io "{name}" is '
+                                                   f'forbidden: User "{fake.user}" cannot update resource '
+                                                   '"virtualmachineinstances/evacuate" in API group '
+                                                   f'"subresources.kubevirt.io" in the namespace "{namespace}"',
+                                              "Forbidden"))
+        with fake._state.lock:
+            current = fake._state.objects[vmi_resource].get((namespace, name))
+            if current is None:
+                return self._cancelled(namespace, name, body, 404, _not_found(vmi_resource, name))
+            obj = orjson.loads(current.raw)
+            status = obj.get("status") or {}
+            left = status.get("evacuationNodeName") or status.get("nodeName") or ""
+            node = fake._state.objects[res.resolve("node")].get(("", left))
+            taints = ((orjson.loads(node.raw).get("spec") or {}).get("taints") or []) if node is not None else []
+            if any(t.get("key") == KUBEVIRT_DRAIN_TAINT and t.get("effect") == "NoSchedule" for t in taints):
+                return self._cancelled(namespace, name, body, 400, res.status(
+                    400, f'Node "{left}" has NodeDrainTaintKey "{KUBEVIRT_DRAIN_TAINT}:NoSchedule"', "BadRequest"))
+            if not status.get("evacuationNodeName"):
+                return self._cancelled(namespace, name, body, 200, b"")
+            try:
+                opts = orjson.loads(body) if body else None
+            except orjson.JSONDecodeError as e:
+                return self._cancelled(namespace, name, body, 400, res.status(400, f"Can not unmarshal Request body to struct: {e}", "BadRequest"))
+            if not isinstance(opts, dict):
+                return self._cancelled(namespace, name, body, 400, res.status(400, "No body", "BadRequest"))
+            if opts.get("evacuationNodeName") != status.get("evacuationNodeName"):
+                return self._cancelled(namespace, name, opts, 500, res.status(
+                    500, "Internal error occurred: testing value /status/evacuationNodeName failed", "InternalError"))
+            del status["evacuationNodeName"]
+            fake._store(vmi_resource, obj)
+        self._cancelled(namespace, name, opts, 200, b"")
+
+    def _cancelled(self, namespace: str, name: str, body: Any, status: int, answer: bytes | dict) -> None:
+        if isinstance(body, (bytes, bytearray)):
+            try:
+                body = orjson.loads(body) if body else None
+            except orjson.JSONDecodeError:
+                body = body.decode("utf-8", "replace")
+        self.fake.cancels.append(PatchRecord(EVACUATE_CANCEL, namespace, name, self.headers.get("Content-Type") or "",
+                                             body, status))
+        self._send(status, answer)
 
     def _delete(self, resource: Resource, namespace: str, name: str, body: bytes) -> None:
         with self.fake._state.lock:

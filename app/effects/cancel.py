@@ -1,0 +1,158 @@
+"""The canceller (``--cancel-stuck-evacuations``, off by default): ends stuck descheduler evacuations.
+
+Why: KubeVirt retries a marked VM for ever. When the descheduler caused the
+mark and the migrations keep failing (a guest that dirties memory faster than
+the NIC copies it, a VM pinned to its node), the retries only burn bandwidth
+and hold the descheduler's in-flight slots; that is the first of the "two
+retry loops" of the kubevirt-dev thread. KubeVirt v1.8 offers
+``PUT /apis/subresources.kubevirt.io/v1/namespaces/NS/virtualmachineinstances/NAME/evacuate/cancel``
+with ``{"evacuationNodeName": NODE}``: it clears the mark, so no new migration
+is created (a running one is not aborted), and virt-controller drops the
+launcher pod's ``eviction-in-progress`` annotation.
+
+What is stuck, and safe to cancel, is decided by policy
+(``app.policy.cancel.evacuations_to_cancel``): descheduler-caused, failing for
+``evacuationStaleAfterFailures`` attempts or ``evacuationStaleAfter``, never a
+drain (node cordoned or drain-tainted, or a ``system-critical`` VMIM). This
+module only carries it out: every ``interval`` seconds it asks policy, queues
+one job per VMI on the shared effects queue, and each job asks again from the
+store just before the call (the VMI may have moved, or a drain begun). Every
+cancel is a Warning Event ``EvacuationCancelled`` on the VMI and a count in
+``evacuation_cancels_total{outcome,node,namespace}``. Replicas may both
+cancel the same mark: the second finds it gone and virt-api does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from app.domain.records import MigrationRecord, NodeRecord, VMIRecord
+from app.effects.events import COMPONENT
+from app.effects.kubeapi import EffectsApi, NotFound, PermanentApiError
+from app.effects.queue import EffectQueue
+from app.metrics import Metrics
+from app.policy.cancel import evacuations_to_cancel
+from app.policy.decide import StuckEvacuation
+from app.policy.model import PolicySettings
+from app.timefmt import format_timestamp
+
+log = logging.getLogger("kubevirt_eviction_guard.effects")
+KIND = "cancel"
+EVENT_REASON = "EvacuationCancelled"
+DEFAULT_INTERVAL = 30.0
+CANCELLED, REFUSED = "cancelled", "refused"
+
+
+class CancelView(Protocol):
+    def vmi(self, namespace: str, name: str) -> VMIRecord | None: ...
+
+    def vmis(self) -> list[VMIRecord]: ...
+
+    def node(self, name: str) -> NodeRecord | None: ...
+
+    def migrations(self, namespace: str, vmi_name: str) -> Sequence[MigrationRecord]: ...
+
+
+def cancel_event(stuck: StuckEvacuation, uid: str, now: float, instance: str) -> dict[str, Any]:
+    message = (f'Cancelled the evacuation of this VMI from node "{stuck.node}" (evacuate/cancel): it was caused by '
+               f"the descheduler and is stuck ({stuck.why}); KubeVirt creates no new migration for it"
+               + ("; the attempt already created still runs" if stuck.running else ""))
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{stuck.name}.{time.time_ns():x}", "namespace": stuck.namespace},
+        "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                           "namespace": stuck.namespace, "name": stuck.name, "uid": uid},
+        "reason": EVENT_REASON,
+        "message": message,
+        "type": "Warning",
+        "count": 1,
+        "firstTimestamp": format_timestamp(now),
+        "lastTimestamp": format_timestamp(now),
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
+    }
+
+
+class CancelJob:
+    kind = KIND
+
+    def __init__(self, canceller: StuckCanceller, namespace: str, name: str) -> None:
+        self.canceller = canceller
+        self.namespace, self.name = namespace, name
+        self.key = (KIND, namespace, name)
+
+    def run(self) -> str:
+        return self.canceller.cancel(self.namespace, self.name)
+
+
+class StuckCanceller:
+    def __init__(self, view: CancelView, api: EffectsApi, queue: EffectQueue, metrics: Metrics,
+                 settings: PolicySettings, *, clock: Callable[[], float] = time.time,
+                 ready: Callable[[], bool] = lambda: True, interval: float = DEFAULT_INTERVAL,
+                 instance: str = "") -> None:
+        self.view, self.api, self.queue, self.metrics, self.settings = view, api, queue, metrics, settings
+        self.clock, self.ready, self.interval = clock, ready, interval
+        self.instance = instance or os.environ.get("HOSTNAME", "") or COMPONENT
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def scan(self) -> int:
+        """Queue a cancel for every evacuation policy calls stuck; returns how many were queued."""
+        stuck = evacuations_to_cancel(self.view.vmis(), self.view, self.clock(), self.settings)  # type: ignore[arg-type]
+        return sum(1 for s in stuck if self.queue.submit(CancelJob(self, s.namespace, s.name)))
+
+    def cancel(self, namespace: str, name: str) -> str:
+        """One VMI: ask policy again from the store, then cancel, count and tell."""
+        vmi = self.view.vmi(namespace, name)
+        if vmi is None:
+            return "not_needed"
+        now = self.clock()
+        found = evacuations_to_cancel([vmi], self.view, now, self.settings)  # type: ignore[arg-type]
+        if not found:
+            return "not_needed"  # moved, cancelled meanwhile, or a drain began
+        stuck = found[0]
+        try:
+            self.api.cancel_evacuation(namespace, name, stuck.node)
+        except NotFound:
+            return "not_needed"
+        except PermanentApiError as e:  # 400 (KubeVirt's drain taint on the node), 403 (RBAC), 404 path (< v1.8)
+            self.metrics.evacuation_cancels.labels(REFUSED, stuck.node, namespace).inc()
+            log.warning("evacuation cancel refused", extra={"namespace": namespace, "vmi": name, "node": stuck.node,
+                                                            "error": str(e)})
+            return "failed"
+        self.metrics.evacuation_cancels.labels(CANCELLED, stuck.node, namespace).inc()
+        log.info("cancelled a stuck evacuation", extra={"namespace": namespace, "vmi": name, "node": stuck.node,
+                                                        "why": stuck.why})
+        try:
+            self.api.create_event(namespace, cancel_event(stuck, vmi.uid, now, self.instance))
+        except Exception as e:  # the cancel is done; retrying the job must not cancel again for an Event
+            self.metrics.side_effect_errors.labels("event").inc()
+            log.warning("could not write the EvacuationCancelled Event", extra={"namespace": namespace, "vmi": name,
+                                                                                 "error": str(e)})
+        return "applied"
+
+    def start(self) -> StuckCanceller:
+        self._thread = threading.Thread(target=self._run, name="evacuation-canceller", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if not self.ready():
+                continue
+            try:
+                self.scan()
+            except Exception:  # a bug must not end the loop
+                log.exception("evacuation canceller scan failed")

@@ -1,0 +1,172 @@
+"""The canceller against the fake API server over HTTP, with the real ``kubernetes`` client.
+
+The fake serves KubeVirt's ``evacuate/cancel`` subresource as virt-api does
+(``tests/fakeapi/server.py``): 404 for an unknown VMI, 400 when the node carries
+KubeVirt's drain taint, nothing done for an unmarked VMI, a tested JSON patch
+that removes ``status.evacuationNodeName`` otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.backoff import Backoff
+from app.cluster.listing import list_into
+from app.cluster.store import ClusterStore
+from app.effects import Effects, KubeEffectsApi
+from app.metrics import Metrics
+from app.policy import PolicySettings
+from tests.fakeapi import FakeApiServer
+from tests.fakeapi import objects as o
+
+pytestmark = pytest.mark.timeout(60)
+NS = "vms"
+NOW = time.time()
+MAINT, CRIT = "system-maintenance", "system-critical"
+
+
+def marked(name: str, node: str, *, from_descheduler: bool = True) -> dict:
+    vmi = o.vmi(NS, name, node=node, uid=f"uid-{name}", evacuation_node=node, created=NOW - 86400)
+    if from_descheduler:
+        vmi["metadata"]["annotations"]["kubevirt.io/eviction-source"] = "descheduler"
+    return vmi
+
+
+def failed(vmi: str, node: str, attempts: int, priority: str = MAINT) -> list[dict]:
+    """``attempts`` failed evacuation VMIMs, the first 15 minutes ago, one every 4 minutes."""
+    out = []
+    for i in range(attempts):
+        created = NOW - 900 + i * 240
+        out.append(o.vmim(NS, f"{vmi}-e{i}", vmi, phase="Failed", start=created + 30, end=created + 200,
+                          source_node=node, target_node="node-b", evacuation_node=node, created=created,
+                          priority=priority))
+    return out
+
+
+def cluster(api: FakeApiServer) -> None:
+    api.put(o.node("node-a"))
+    api.put(o.node("node-b"))
+    api.put(o.node("node-c", unschedulable=True))
+    tainted = o.node("node-k")
+    tainted["spec"]["taints"] = [{"key": "kubevirt.io/drain", "effect": "NoSchedule"}]
+    api.put(tainted)
+    objects = [
+        (marked("stuck", "node-a"), failed("stuck", "node-a", 3)),  # cancelled
+        (marked("young", "node-a"), failed("young", "node-a", 2)),  # two failures: not yet
+        (marked("drain", "node-a", from_descheduler=False), failed("drain", "node-a", 3, CRIT)),  # a drain's
+        (marked("cordoned", "node-c"), failed("cordoned", "node-c", 3)),  # node being drained
+        (marked("critical", "node-a"), [*failed("critical", "node-a", 3),
+                                         o.vmim(NS, "critical-admin", "critical", phase="Pending", created=NOW - 10,
+                                                priority=CRIT)]),  # a system-critical VMIM queued
+        (marked("tainted", "node-k"), failed("tainted", "node-k", 3)),  # virt-api refuses (drain taint)
+    ]
+    for vmi, vmims in objects:
+        api.put(vmi)
+        name, node = vmi["metadata"]["name"], vmi["status"]["nodeName"]
+        api.put(o.launcher_pod(NS, name, node, name=f"virt-launcher-{name}-aaaaa", vmi_uid=f"uid-{name}"))
+        for m in vmims:
+            api.put(m)
+
+
+@pytest.fixture
+def api():
+    with FakeApiServer() as server:
+        cluster(server)
+        yield server
+
+
+@pytest.fixture
+def kube(api):
+    with k8s.ApiClient(api.configuration()) as c:
+        yield c
+
+
+def listed(kube) -> ClusterStore:
+    store = ClusterStore()
+    list_into(kube, store)
+    return store
+
+
+def canceller(store, kube, metrics):
+    fx = Effects(store, KubeEffectsApi(kube, timeout=(1.0, 2.0)), metrics, backoff=Backoff(base=0.05, cap=0.2))
+    c = fx.cancel_stuck_evacuations(store, PolicySettings(), ready=lambda: True, interval=3600)
+    return fx.start(), c
+
+
+def cancels(metrics: Metrics) -> dict:
+    out = {}
+    for family in text_string_to_metric_families(metrics.render()[0].decode()):
+        if family.name == "kubevirt_eviction_guard_evacuation_cancels":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    out[(s.labels["outcome"], s.labels["node"], s.labels["namespace"])] = s.value
+    return out
+
+
+def test_cancels_only_the_stuck_descheduler_evacuation(api, kube):
+    metrics = Metrics()
+    store = listed(kube)
+    fx, c = canceller(store, kube, metrics)
+    try:
+        assert c.scan() == 2  # stuck, and tainted (policy cannot see KubeVirt's own drain taint key)
+        assert fx.queue.wait_idle(5)
+    finally:
+        fx.stop()
+    done = {(r.name, r.status): r.body for r in api.cancels}
+    assert done == {("stuck", 200): {"evacuationNodeName": "node-a"}, ("tainted", 400): {"evacuationNodeName": "node-k"}}
+    assert "evacuationNodeName" not in api.get("vmi", NS, "stuck")["status"]
+    for name in ("young", "drain", "cordoned", "critical", "tainted"):
+        assert api.get("vmi", NS, name)["status"]["evacuationNodeName"], name
+    events = [e for e in api.events() if e.get("reason") == "EvacuationCancelled"]
+    assert len(events) == 1 and events[0]["involvedObject"]["name"] == "stuck" and events[0]["type"] == "Warning"
+    assert 'from node "node-a"' in events[0]["message"] and "3 failed attempts" in events[0]["message"]
+    assert cancels(metrics) == {("cancelled", "node-a", NS): 1.0, ("refused", "node-k", NS): 1.0}
+
+
+def test_a_cancelled_mark_is_not_cancelled_again_and_replicas_agree(api, kube):
+    metrics = Metrics()
+    first = listed(kube)
+    fx, c = canceller(first, kube, metrics)
+    try:
+        c.scan()
+        assert fx.queue.wait_idle(5)
+        # a second replica whose store still shows the mark: virt-api does nothing for an unmarked VMI
+        stale_fx, stale = canceller(first, kube, metrics)
+        try:
+            stale.scan()
+            assert stale_fx.queue.wait_idle(5)
+        finally:
+            stale_fx.stop()
+        # after the watch caught up, nothing is left to cancel but the refused one
+        fresh_fx, fresh = canceller(listed(kube), kube, metrics)
+        try:
+            assert fresh.scan() == 1
+            assert fresh_fx.queue.wait_idle(5)
+        finally:
+            fresh_fx.stop()
+    finally:
+        fx.stop()
+    stuck = [r for r in api.cancels if r.name == "stuck"]
+    assert [r.status for r in stuck] == [200, 200]  # the second found nothing to remove
+    assert "evacuationNodeName" not in api.get("vmi", NS, "stuck")["status"]
+
+
+def test_forbidden_or_absent_subresource_is_refused_not_retried(api, kube):
+    metrics = Metrics()
+    api.evacuate_cancel_forbidden = True
+    fx, c = canceller(listed(kube), kube, metrics)
+    try:
+        c.scan()
+        assert fx.queue.wait_idle(5)
+        api.evacuate_cancel_forbidden = False
+        api.remove_api("subresources.kubevirt.io")  # KubeVirt < 1.8
+        c.cancel(NS, "stuck")
+    finally:
+        fx.stop()
+    assert api.get("vmi", NS, "stuck")["status"]["evacuationNodeName"] == "node-a"
+    assert cancels(metrics)[("refused", "node-a", NS)] == 1.0  # 403 refused; the 404 path is "not found": nothing done
+    assert not [e for e in api.events() if e.get("reason") == "EvacuationCancelled"]
