@@ -7,9 +7,10 @@ from app.policy.cancel import evacuations_to_cancel
 from tests.builders import NOW, failing_evacuation, node, pod, store_of, vmi, vmim
 
 SRC = {"kubevirt.io/eviction-source": "descheduler"}
+DEFAULTS = PolicySettings()
 
 
-def to_cancel(*objects, settings=PolicySettings()) -> list[str]:
+def to_cancel(*objects, settings=DEFAULTS) -> list[str]:
     store = store_of(node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
                      node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), *objects)
     return [s.name for s in evacuations_to_cancel(store.vmis(), store, NOW, settings)]

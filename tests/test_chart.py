@@ -276,6 +276,7 @@ LEAST_PRIVILEGE = (
 )
 HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
+CANCEL = {("subresources.kubevirt.io", "virtualmachineinstances/evacuate", "update")}
 
 
 def test_rbac_grants_exactly_the_listed_verbs():
@@ -288,6 +289,10 @@ def test_rbac_grants_exactly_the_listed_verbs():
     assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | DESCHEDULER_READ
     assert "--no-history-annotation" in container(no_history)["args"]
     assert "--no-history-annotation" not in container(docs)["args"]
+    cancelling = render({"cancelStuckEvacuations": {"enabled": True}})
+    assert grants(one(cancelling, "ClusterRole")) == LEAST_PRIVILEGE | DESCHEDULER_READ | CANCEL
+    assert "--cancel-stuck-evacuations" in container(cancelling)["args"]
+    assert "--cancel-stuck-evacuations" not in container(docs)["args"]  # off by default
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")

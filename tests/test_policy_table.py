@@ -13,7 +13,19 @@ import pytest
 from app.domain.usage import UsageSnapshot
 from app.domain.view import CacheHealth
 from app.policy import EvictionRequest, PolicySettings, decide
-from tests.builders import MIN, NOW, failing_evacuation, mstate, node, pod, six_short_migrations, store_of, usage_snapshot, vmi, vmim
+from tests.builders import (
+    MIN,
+    NOW,
+    failing_evacuation,
+    mstate,
+    node,
+    pod,
+    six_short_migrations,
+    store_of,
+    usage_snapshot,
+    vmi,
+    vmim,
+)
 
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
          node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), node("worker-e", taints=("node.kubernetes.io/unschedulable",)),

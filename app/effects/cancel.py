@@ -132,7 +132,7 @@ class StuckCanceller:
                                                         "why": stuck.why})
         try:
             self.api.create_event(namespace, cancel_event(stuck, vmi.uid, now, self.instance))
-        except Exception as e:  # the cancel is done; retrying the job must not cancel again for an Event
+        except Exception as e:  # noqa: BLE001 - the cancel is done: a failed Event must not make the job retry it
             self.metrics.side_effect_errors.labels("event").inc()
             log.warning("could not write the EvacuationCancelled Event", extra={"namespace": namespace, "vmi": name,
                                                                                  "error": str(e)})
