@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     fx.add_argument("--cancel-stuck-evacuations", action="store_true",
                     help="cancel stuck descheduler-caused evacuations through KubeVirt's evacuate/cancel (v1.8+); "
                          "never a drain's (off by default)")
+    fx.add_argument("--cancel-interval", metavar="GO_DURATION", default="30s",
+                    help="how often the canceller looks for stuck evacuations (default 30s)")
     serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
                        help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
     serve.add_argument("--tls-reload-interval", type=float, default=5.0, metavar="SECONDS",

@@ -113,7 +113,8 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
             effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
         if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", False):
-            effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: cluster.health().ready)
+            effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: cluster.health().ready,
+                                             interval=cancel_interval(args))
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
@@ -163,6 +164,17 @@ def effects_client(args: argparse.Namespace):
     return api_client(args.kubeconfig, getattr(args, "kube_context", None), pool_size=2)
 
 
+def cancel_interval(args: argparse.Namespace) -> float:
+    raw = getattr(args, "cancel_interval", "30s")
+    try:
+        seconds = parse_duration(raw)
+    except ValueError as e:
+        raise SettingsError(f"--cancel-interval: {e}") from None
+    if seconds <= 0:
+        raise SettingsError(f"--cancel-interval: must be positive, got {raw}")
+    return seconds
+
+
 def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics, api_client=None) -> Effects:
     """Side effects write through ``api_client`` in live mode. Without an API server
     (snapshot mode) they run the same pipeline and log what they would write."""
@@ -193,7 +205,7 @@ def serve(args: argparse.Namespace) -> int:
         setattr(args, flag, value)
     protocol.GuardHttpProtocol.request_timeout = args.request_timeout
     raise_fd_limit()
-    policy_settings(args), stale_after(args)  # refuse bad settings before touching the cluster
+    policy_settings(args), stale_after(args), cancel_interval(args)  # refuse bad settings before touching the cluster
     cluster = None if args.snapshot else live_cluster(args, Metrics())
     ctx = build_context(args, cluster)
     if cluster is None:

@@ -82,6 +82,9 @@ def test_certs(capsys, tmp_path) -> None:
     (["--pending-evacuations-per-node=-2"], "pendingEvacuationsPerNode"),
     (["--config", "/nonexistent/guard.yaml"], "--config /nonexistent/guard.yaml"),
     (["--now", "noon"], "--now"),
+    (["--evacuation-stale-after-failures", "7"], "evacuationStaleAfterFailures"),
+    (["--cancel-interval", "0"], "--cancel-interval"),
+    (["--cancel-interval", "often"], "--cancel-interval"),
 ])
 def test_bad_settings_stop_startup_naming_them(tmp_path, args, named) -> None:
     certs = tmp_path / "c"

@@ -170,3 +170,31 @@ def test_forbidden_or_absent_subresource_is_refused_not_retried(api, kube):
     assert api.get("vmi", NS, "stuck")["status"]["evacuationNodeName"] == "node-a"
     assert cancels(metrics)[("refused", "node-a", NS)] == 1.0  # 403 refused; the 404 path is "not found": nothing done
     assert not [e for e in api.events() if e.get("reason") == "EvacuationCancelled"]
+
+
+def test_serve_cancels_with_the_flag_only(api, tmp_path):
+    """The real ``serve`` over the fake API: with the flag it cancels the stuck evacuation and tells;
+    the same cluster without the flag is left alone."""
+    from tests.live_support import eventually, start_guard
+
+    plain = start_guard(tmp_path / "plain", api, "--cancel-interval", "1s")
+    try:
+        time.sleep(2.5)  # two scans' worth: none must happen
+        assert api.cancels == []
+    finally:
+        plain.stop()
+    guard = start_guard(tmp_path / "cancel", api, "--cancel-stuck-evacuations", "--cancel-interval", "1s")
+    try:
+        eventually(lambda: any(r.name == "stuck" and r.status == 200 for r in api.cancels), timeout=15,
+                   what="the stuck evacuation to be cancelled")
+        eventually(lambda: [e for e in api.events() if e.get("reason") == "EvacuationCancelled"], timeout=5,
+                   what="the EvacuationCancelled Event")
+        with guard.client() as http:
+            metrics = http.get("/metrics").text
+        assert ('kubevirt_eviction_guard_evacuation_cancels_total{namespace="vms",node="node-a",outcome="cancelled"} 1.0'
+                in metrics)
+    finally:
+        guard.stop()
+    assert {r.name for r in api.cancels} == {"stuck", "tainted"}
+    assert "evacuationNodeName" not in api.get("vmi", NS, "stuck")["status"]
+    assert api.get("vmi", NS, "drain")["status"]["evacuationNodeName"] == "node-a"
