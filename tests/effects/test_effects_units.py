@@ -306,3 +306,22 @@ def test_a_denial_queues_an_event_and_the_annotation_an_allow_queues_an_event_fo
     review, d = decided(allow_store, POD, requested_by="", reason="", username="admin")
     fx4.on_decision(review, d)
     assert len(fx4.queue) == 1, "a user listed in deschedulerUsers counts as the descheduler"
+
+
+def test_a_stuck_evacuation_denial_never_wants_the_annotation():
+    """Rule 5a tells the descheduler to move on: the guard must not put the pod back into its in-flight
+    cache by writing eviction-in-progress (an update event the descheduler's informer would see)."""
+    from tests.builders import vmim
+    from tests.effects.support import NOW as T0
+    from tests.effects.support import ts as ago
+
+    marked = vmi_obj("db", "node-a", evacuation="node-a")
+    marked["metadata"]["annotations"] = {"kubevirt.io/eviction-source": "descheduler"}
+    failed = []
+    for i in range(3):
+        m = vmim(f"e{i}", "db", "Failed", created=0, evacuation="node-a", priority="system-maintenance")
+        m["metadata"]["creationTimestamp"] = ago(900 - 240 * i)
+        failed.append(m)
+    store = store_of(node_obj("node-a"), marked, pod_obj(POD, "db", "node-a"), *failed)
+    _, d = decided(store, POD, now=T0)
+    assert d.reason == Reason.EVACUATION_STUCK and d.denied and not d.background and not wanted(d)
