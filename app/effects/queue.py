@@ -8,7 +8,8 @@ thread does the API calls, each bounded by the client's request timeout.
 Why bounded, dropping the oldest: when the API server is slow or down, work
 piles up faster than it drains. The newest work reflects the newest cluster
 state, and every job re-reads the store when it runs, so an old job is the
-least valuable one to keep. Every drop is counted (``side_effects_dropped_total``).
+least valuable one to keep. Every drop is counted (``side_effects_dropped_total``); the warning
+comes at the first drop and then at most every ``DROP_LOG_INTERVAL`` seconds, with the count since the last.
 
 Why keyed: a descheduler loop asks about the same pod again and again. A job
 whose key is already waiting is not queued twice; the waiting one will see the
@@ -38,6 +39,7 @@ from app.backoff import Backoff
 from app.metrics import Metrics
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
+DROP_LOG_INTERVAL = 10.0  # seconds between "queue full" warnings while the queue stays full
 
 
 class Retry(Exception):
@@ -95,6 +97,8 @@ class EffectQueue:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._depth = metrics.side_effect_queue_depth
+        self._dropped_unlogged = 0  # drops since the last "queue full" line
+        self._next_drop_log = float("-inf")
 
     # ---- producer side (request path: never blocks on I/O) ---------------------
 
@@ -124,8 +128,15 @@ class EffectQueue:
         if len(self._heap) > 2 * len(self._live) + 64:  # mostly tombstones: rebuild (amortised O(1) per drop)
             self._heap = [e for e in self._heap if e.seq in self._live]
             heapq.heapify(self._heap)
-        self.metrics.side_effects_dropped.labels(entry.job.kind).inc()
-        log.warning("side-effect queue full; dropped the oldest job", extra={"kind": entry.job.kind, "capacity": self.capacity})
+        self.metrics.side_effects_dropped_by(entry.job.kind).inc()
+        # A queue that stays full drops on nearly every submit: say so at once, then at most every DROP_LOG_INTERVAL
+        # with the count since the last line (a warning per drop was a burst of lines competing with the answers).
+        self._dropped_unlogged += 1
+        now = time.monotonic()
+        if now >= self._next_drop_log:
+            log.warning("side-effect queue full; dropped the oldest job", extra={
+                "kind": entry.job.kind, "capacity": self.capacity, "dropped": self._dropped_unlogged})
+            self._dropped_unlogged, self._next_drop_log = 0, now + DROP_LOG_INTERVAL
 
     def _head(self) -> _Entry | None:
         """The live job with the earliest ready time (tombstones on top are discarded); None when empty."""

@@ -177,3 +177,14 @@ def test_a_queue_kept_full_keeps_the_newest_jobs_in_ready_order_and_stays_bounde
     assert sum(j.runs for j in jobs) == 5
     assert sample(m, "side_effects_dropped_total", kind="annotation") == 995
     assert sample(m, "side_effect_queue_depth") == 0
+
+
+def test_a_queue_that_stays_full_warns_once_with_a_count_not_once_per_drop(caplog):
+    m = Metrics()
+    q = EffectQueue(m, capacity=2, clock=FakeClock())
+    with caplog.at_level("WARNING", logger="kubevirt_eviction_guard.effects"):
+        for i in range(102):
+            q.submit(Job(i))
+    lines = [r for r in caplog.records if "queue full" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].dropped == 1 and lines[0].capacity == 2
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 100  # the metric counts every drop
