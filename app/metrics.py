@@ -23,7 +23,7 @@ class Children:
     from these metrics, so a kept child is the one ``labels()`` would return. The label values are the
     metric's own (bounded) ones, so is this cache."""
 
-    __slots__ = ("metric", "children")
+    __slots__ = ("children", "metric")
 
     def __init__(self, metric) -> None:
         self.metric = metric
