@@ -117,7 +117,8 @@ class EffectQueue:
             self._live[entry.seq] = entry
             self._keys.add(job.key)
             self._depth.set(len(self._live))
-            self._cond.notify()
+            if self._heap[0] is entry:  # due before what the worker waits for: wake it. Otherwise leave it asleep
+                self._cond.notify()  # (a wake-up per submit costs the request path a GIL hand-over each time)
             return True
 
     def _drop_oldest(self) -> None:
