@@ -76,7 +76,7 @@ reliability: $(STAMP)
 	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
 	  tests/effects/test_forged_reviews.py
 
-# Performance: the guard next to a bare FastAPI endpoint on the same stack (bench/run.py).
+# Performance: the guard next to a plain FastAPI route served by plain uvicorn (bench/plain.py, bench/run.py).
 # wrk (Debian) drives the saturation runs when it can be installed; else the Python generator does.
 BENCH_STAMP = $(VENV)/.bench-stamp
 BENCH_ARGS ?=

@@ -17,6 +17,26 @@ COOLDOWN_BUCKETS = (900, 1800, 3600, 7200, 14400, 21600)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
+class Children:
+    """``metric.labels(*values)``, looked up once per distinct values and kept: on the request path
+    ``labels()`` (validation, a lock, a tuple) costs twice the increment itself. Children are never removed
+    from these metrics, so a kept child is the one ``labels()`` would return. The label values are the
+    metric's own (bounded) ones, so is this cache."""
+
+    __slots__ = ("children", "metric")
+
+    def __init__(self, metric) -> None:
+        self.metric = metric
+        self.children: dict[tuple, object] = {}
+
+    def __call__(self, *values: str):
+        try:
+            return self.children[values]
+        except KeyError:
+            child = self.children[values] = self.metric.labels(*values)
+            return child
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -61,6 +81,12 @@ class Metrics:
                                           "Stuck descheduler evacuations the guard cancelled (evacuate/cancel), by outcome",
                                           ["outcome", "node", "namespace"], registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
+        # the children counted on the request path (see Children)
+        self.decisions_by = Children(self.decisions)
+        self.blocks_by = Children(self.blocks)
+        self.bad_requests_by = Children(self.bad_requests)
+        self.events_rate_limited_by = Children(self.events_rate_limited)
+        self.side_effects_dropped_by = Children(self.side_effects_dropped)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -35,7 +35,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_every_run_was_answered_by_the_right_server(result: dict) -> None:
     runs = result["runs"]
     assert {(r["target"], r["phase"]) for r in runs} == {
-        ("guard", "saturation"), ("baseline", "saturation"), ("floor", "saturation"), ("guard", "40"), ("baseline", "40")}
+        ("guard", "saturation"), ("baseline", "saturation"), ("stack", "saturation"), ("floor", "saturation"),
+        ("guard", "40"), ("baseline", "40")}
     for r in runs:
         assert r["completed"] > 0, r
         assert set(r["status"]) == {"200"}, r
@@ -47,7 +48,7 @@ def test_every_run_was_answered_by_the_right_server(result: dict) -> None:
     assert all(r["mode"] == "open" and r["offered_rps"] == 40 for r in fixed)
     assert all(r["send_lag_ms"]["p50"] >= 0 for r in fixed)
     # the baseline answers every body "allowed"; the guard denies some of them
-    assert all(r["denied"] == 0 for r in runs if r["target"] in ("baseline", "floor"))
+    assert all(r["denied"] == 0 for r in runs if r["target"] in ("baseline", "stack", "floor"))
     assert any(r["denied"] > 0 for r in runs if r["target"] == "guard")
 
 
@@ -66,10 +67,15 @@ def test_summary_has_both_servers_ratios_and_targets(result: dict) -> None:
         assert t["saturation_rps"] > 0 and t["rss_mb"] > 0 and t["peak_rss_mb"] >= t["rss_mb"] * 0.5
         assert set(t["at_40"]) >= {"p50", "p90", "p99", "max", "achieved_rps"}
     assert s["floor"]["saturation_rps"] > 0 and s["ratios"]["throughput_guard_vs_floor"] > 0
+    assert s["stack"]["saturation_rps"] > 0 and s["ratios"]["throughput_guard_vs_stack"] > 0
+    assert s["ratios"]["throughput_median_of_rounds"] > 0 and s["ratios"]["cpu_per_request_median_of_rounds"] > 0
     assert s["ratios"]["throughput"] > 0 and s["ratios"]["p99_at_40"] > 0
     assert result["table_markdown"].count("\n") >= 10 and "guard/baseline" in result["table_markdown"]
     assert result["meta"]["versions"]["uvicorn"]
-    assert set(s["targets"]) == {"throughput_ratio", "p99_ratio_at_40", "decide_median_us", "guard_rss_mb"}
+    # the baseline is plain uvicorn serving bench.plain, not the guard's own serve
+    assert "uvicorn" in result["meta"]["baseline_argv"] and "bench.plain:app" in result["meta"]["baseline_argv"]
+    assert set(s["targets"]) == {"throughput_ratio", "p99_ratio_at_40", "p99_ratio_at_40_median_of_rounds",
+                                 "decide_median_us", "guard_rss_mb"}
     for t in s["targets"].values():
         assert isinstance(t["met"], bool) and t["value"] is not None
     d = result["decide"]

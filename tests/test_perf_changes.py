@@ -174,3 +174,21 @@ def test_structured_falls_back_to_logging_for_other_handlers_and_filters() -> No
     h.flush()
     assert "to both" in stream.getvalue() and "kept" in stream.getvalue() and "filtered" not in stream.getvalue()
     h.close()
+
+
+# ---- metric label children, looked up once ------------------------------------
+
+
+def test_kept_label_children_count_into_the_same_series_as_labels() -> None:
+    from app.metrics import Metrics
+
+    m = Metrics()
+    m.decisions_by("denied", "cooldown").inc()
+    m.decisions_by("denied", "cooldown").inc()
+    m.decisions.labels("denied", "cooldown").inc()
+    m.blocks_by("cooldown", "node-a", "ns").inc()
+    assert m.decisions_by("denied", "cooldown") is m.decisions.labels("denied", "cooldown")
+    get = m.registry.get_sample_value
+    assert get("kubevirt_eviction_guard_decisions_total", {"decision": "denied", "reason": "cooldown"}) == 3
+    assert get("kubevirt_eviction_guard_blocks_total", {"reason": "cooldown", "node": "node-a", "namespace": "ns"}) == 1
+    assert get("kubevirt_eviction_guard_decisions_total", {"decision": "allowed", "reason": "cooldown"}) is None

@@ -110,6 +110,24 @@ def test_slowloris_and_unfinished_bodies_are_cut_and_do_not_starve_others(guard)
             s.close()
 
 
+def test_the_deadline_runs_from_each_requests_first_byte_on_a_kept_alive_connection(guard) -> None:
+    """One deadline timer per connection: armed by the first request, it must not cut a later request on the
+    same connection early, and must still cut that request when it stalls."""
+    s = open_tls(guard)
+    try:
+        request = (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n" % len(BODY)) + BODY
+        s.sendall(request)
+        s.settimeout(5)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)  # the timer armed by the first request fires 0.5 s into the next one
+        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")  # ... which never finishes
+        assert not closed_by_server(s, 1.2)  # past the first timer, within this request's 2 s
+        assert closed_by_server(s, 4.0)
+    finally:
+        s.close()
+
+
 def test_thousands_of_idle_connections(guard) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, 8192)

@@ -61,7 +61,7 @@ def create_app(ctx: GuardContext) -> FastAPI:
     metrics = ctx.metrics
 
     def error(status: int, message: str) -> tuple[int, bytes]:
-        metrics.bad_requests.labels(str(status)).inc()
+        metrics.bad_requests_by(str(status)).inc()
         return status, rv.errored(status, message)
 
     def admit(ctype: str, body: bytes | None, started: float) -> tuple[int, bytes]:
@@ -81,9 +81,9 @@ def create_app(ctx: GuardContext) -> FastAPI:
             log.exception("policy failed; allowing", extra={"uid": review.uid})
             decision = Decision(allowed=True, reason="internal_error", message="guard error; failing open")
         out = rv.respond(review, decision)
-        metrics.decisions.labels("allowed" if decision.allowed else "denied", decision.reason).inc()
+        metrics.decisions_by("allowed" if decision.allowed else "denied", decision.reason).inc()
         if decision.denied:
-            metrics.blocks.labels(decision.reason, decision.node, review.eviction.namespace).inc()
+            metrics.blocks_by(decision.reason, decision.node, review.eviction.namespace).inc()
         if decision.reason == Reason.COOLDOWN and decision.cooldown is not None:  # blocks only, as the plugin
             metrics.effective_cooldown.observe(decision.cooldown.cooldown)  # type: ignore[attr-defined]
         if ctx.on_decision is not None:

@@ -154,7 +154,7 @@ class EventRecorder:
             delay = 0.0 if s.last_write is None else max(0.0, s.last_write + self.interval - self.monotonic())
         queued = self.queue.submit(FlushJob(self, key), delay)  # False: a flush for the series is waiting
         if delay > 0 or not queued:
-            self.metrics.events_rate_limited.labels(decision.reason).inc()
+            self.metrics.events_rate_limited_by(decision.reason).inc()
 
     # ---- worker -------------------------------------------------------------------
 

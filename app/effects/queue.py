@@ -8,7 +8,8 @@ thread does the API calls, each bounded by the client's request timeout.
 Why bounded, dropping the oldest: when the API server is slow or down, work
 piles up faster than it drains. The newest work reflects the newest cluster
 state, and every job re-reads the store when it runs, so an old job is the
-least valuable one to keep. Every drop is counted (``side_effects_dropped_total``).
+least valuable one to keep. Every drop is counted (``side_effects_dropped_total``); the warning
+comes at the first drop and then at most every ``DROP_LOG_INTERVAL`` seconds, with the count since the last.
 
 Why keyed: a descheduler loop asks about the same pod again and again. A job
 whose key is already waiting is not queued twice; the waiting one will see the
@@ -29,6 +30,7 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -37,6 +39,7 @@ from app.backoff import Backoff
 from app.metrics import Metrics
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
+DROP_LOG_INTERVAL = 10.0  # seconds between "queue full" warnings while the queue stays full
 
 
 class Retry(Exception):
@@ -82,13 +85,20 @@ class EffectQueue:
         self.backoff = backoff
         self.clock = clock
         self.rand = rand
+        # Two views of the same jobs: a heap by ready time for the worker, and submission order (seq -> entry)
+        # for dropping the oldest in O(1). A dropped job stays in the heap as a tombstone (its seq is no longer
+        # in ``_live``) until it reaches the top or the heap is compacted.
         self._heap: list[_Entry] = []
+        self._live: OrderedDict[int, _Entry] = OrderedDict()
         self._keys: set[Hashable] = set()
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._busy = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._depth = metrics.side_effect_queue_depth
+        self._dropped_unlogged = 0  # drops since the last "queue full" line
+        self._next_drop_log = float("-inf")
 
     # ---- producer side (request path: never blocks on I/O) ---------------------
 
@@ -100,27 +110,46 @@ class EffectQueue:
         with self._cond:
             if job.key in self._keys:
                 return False
-            if len(self._heap) >= self.capacity:
+            if len(self._live) >= self.capacity:
                 self._drop_oldest()
-            heapq.heappush(self._heap, _Entry(self.clock() + delay, next(self._seq), job, attempt))
+            entry = _Entry(self.clock() + delay, next(self._seq), job, attempt)
+            heapq.heappush(self._heap, entry)
+            self._live[entry.seq] = entry
             self._keys.add(job.key)
-            self.metrics.side_effect_queue_depth.set(len(self._heap))
-            self._cond.notify()
+            self._depth.set(len(self._live))
+            if self._heap[0] is entry:  # due before what the worker waits for: wake it. Otherwise leave it asleep
+                self._cond.notify()  # (a wake-up per submit costs the request path a GIL hand-over each time)
             return True
 
     def _drop_oldest(self) -> None:
-        """Drop the job submitted first (lowest sequence number), whatever its ready time."""
-        oldest = min(range(len(self._heap)), key=lambda i: self._heap[i].seq)
-        entry = self._heap[oldest]
-        self._heap[oldest] = self._heap[-1]
-        self._heap.pop()
-        heapq.heapify(self._heap)
+        """Drop the job submitted first (lowest sequence number), whatever its ready time: O(1), its heap
+        entry becomes a tombstone."""
+        _, entry = self._live.popitem(last=False)
         self._keys.discard(entry.job.key)
-        self.metrics.side_effects_dropped.labels(entry.job.kind).inc()
-        log.warning("side-effect queue full; dropped the oldest job", extra={"kind": entry.job.kind, "capacity": self.capacity})
+        if len(self._heap) > 2 * len(self._live) + 64:  # mostly tombstones: rebuild (amortised O(1) per drop)
+            self._heap = [e for e in self._heap if e.seq in self._live]
+            heapq.heapify(self._heap)
+        self.metrics.side_effects_dropped_by(entry.job.kind).inc()
+        # A queue that stays full drops on nearly every submit: say so at once, then at most every DROP_LOG_INTERVAL
+        # with the count since the last line (a warning per drop was a burst of lines competing with the answers).
+        self._dropped_unlogged += 1
+        now = time.monotonic()
+        if now >= self._next_drop_log:
+            log.warning("side-effect queue full; dropped the oldest job", extra={
+                "kind": entry.job.kind, "capacity": self.capacity, "dropped": self._dropped_unlogged})
+            self._dropped_unlogged, self._next_drop_log = 0, now + DROP_LOG_INTERVAL
+
+    def _head(self) -> _Entry | None:
+        """The live job with the earliest ready time (tombstones on top are discarded); None when empty."""
+        heap = self._heap
+        while heap:
+            if heap[0].seq in self._live:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._live)
 
     # ---- worker side -------------------------------------------------------------
 
@@ -139,7 +168,7 @@ class EffectQueue:
             self._thread.join(timeout)
             self._thread = None
         with self._cond:
-            abandoned = len(self._heap)
+            abandoned = len(self._live)
             if abandoned:
                 log.info("side-effect queue stopped with work pending", extra={"abandoned": abandoned})
             return abandoned
@@ -149,7 +178,7 @@ class EffectQueue:
         with ``ready_only``, jobs scheduled for later (held-back Events) do not count."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._busy or (self._heap and (not ready_only or self._heap[0].ready_at <= self.clock())):
+            while self._busy or ((head := self._head()) is not None and (not ready_only or head.ready_at <= self.clock())):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -160,24 +189,26 @@ class EffectQueue:
         """Run the next job if one is ready now, in the caller's thread (tests, without
         ``start``); False when none is ready."""
         with self._cond:
-            if not self._heap or self._heap[0].ready_at > self.clock():
+            head = self._head()
+            if head is None or head.ready_at > self.clock():
                 return False
             entry = self._pop()
         self._run_and_release(entry)
         return True
 
     def _pop(self) -> _Entry:
-        entry = heapq.heappop(self._heap)
+        entry = heapq.heappop(self._heap)  # callers checked _head(): the top is live
+        del self._live[entry.seq]
         self._keys.discard(entry.job.key)  # a new submit may queue it again meanwhile
-        self.metrics.side_effect_queue_depth.set(len(self._heap))
+        self._depth.set(len(self._live))
         self._busy = True
         return entry
 
     def _next(self) -> _Entry | None:
         with self._cond:
             while not self._stopping:
-                if self._heap:
-                    wait = self._heap[0].ready_at - self.clock()
+                if (head := self._head()) is not None:
+                    wait = head.ready_at - self.clock()
                     if wait <= 0:
                         return self._pop()
                     self._cond.wait(wait)

@@ -158,3 +158,33 @@ def test_waiting_is_retried_but_not_counted_as_an_error():
     assert q.run_once() and j.runs == 2
     assert sample(m, "side_effect_errors_total", kind="annotation") == 0
     assert sample(m, "side_effects_total", kind="annotation", outcome="applied") == 1
+
+
+def test_a_queue_kept_full_keeps_the_newest_jobs_in_ready_order_and_stays_bounded():
+    """Dropping the oldest is O(1) (the heap keeps tombstones); many drops must neither lose live jobs,
+    nor run a dropped one, nor let the tombstones pile up."""
+    clock, m = FakeClock(), Metrics()
+    q = EffectQueue(m, capacity=5, clock=clock)
+    jobs = [Job(i) for i in range(1000)]
+    for i, j in enumerate(jobs):
+        q.submit(j, delay=(1000 - i) % 7)  # ready times out of submission order
+    assert len(q) == 5 and len(q._heap) <= 2 * 5 + 64 + 1
+    clock.advance(10)
+    ran = []
+    while q.run_once():
+        ran.append(next(i for i, j in enumerate(jobs) if j.runs == 1 and i not in ran))
+    assert ran == [999, 998, 997, 996, 995]  # ready 1s, 2s, ... after submission
+    assert sum(j.runs for j in jobs) == 5
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 995
+    assert sample(m, "side_effect_queue_depth") == 0
+
+
+def test_a_queue_that_stays_full_warns_once_with_a_count_not_once_per_drop(caplog):
+    m = Metrics()
+    q = EffectQueue(m, capacity=2, clock=FakeClock())
+    with caplog.at_level("WARNING", logger="kubevirt_eviction_guard.effects"):
+        for i in range(102):
+            q.submit(Job(i))
+    lines = [r for r in caplog.records if "queue full" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].dropped == 1 and lines[0].capacity == 2
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 100  # the metric counts every drop
