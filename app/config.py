@@ -20,6 +20,10 @@ DURATIONS = {
     "maxMigrationCooldown": "max_migration_cooldown",
     "migrationHistoryWindow": "migration_history_window",
     "evacuationStaleAfter": "evacuation_stale_after",
+    "nodeCooldown": "node_cooldown",
+    "targetNodeCooldown": "target_node_cooldown",
+    "nodeCooldownWindow": "node_cooldown_window",
+    "maxNodeCooldown": "max_node_cooldown",
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
 BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}

@@ -32,6 +32,10 @@ PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
 COOLDOWN_OVERRIDE = "kubevirt-eviction-guard.io/migration-cooldown"
 EXEMPT_OVERRIDE = "kubevirt-eviction-guard.io/exempt"
 WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
+# KubeVirt writes it on the VMI when the descheduler's eviction marked it (removed once the migration completes)
+EVICTION_SOURCE = "kubevirt.io/eviction-source"
+DESCHEDULER_SOURCE = "descheduler"
+DESCHEDULER_PRIORITY = "system-maintenance"  # VMIM spec.priority of descheduler-caused evacuations (KubeVirt >= 1.7)
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -164,6 +168,7 @@ class VMIRecord:
     prefer_no_eviction: bool = False  # annotation present (any value)
     overrides: VMOverrides | None = None  # None when the VMI carries none of the guard's annotations
     history: tuple[HistoryEntry, ...] = ()  # annotation kubevirt-eviction-guard.io/migration-history
+    eviction_source: str = ""  # annotation kubevirt.io/eviction-source
 
     @property
     def key(self) -> tuple[str, str]:
@@ -185,6 +190,7 @@ def vmi_from_object(obj: Any) -> VMIRecord:
         prefer_no_eviction=PREFER_NO_EVICTION in annotations,
         overrides=overrides_from(annotations) if annotations else None,
         history=parse_history(annotations.get(HISTORY_ANNOTATION)) if annotations else (),
+        eviction_source=_s(annotations.get(EVICTION_SOURCE)) if annotations else "",
     )
 
 
@@ -213,6 +219,11 @@ class MigrationRecord:
     @property
     def finished(self) -> bool:
         return self.phase in FINAL_PHASES
+
+    @property
+    def moved(self) -> bool:
+        """Succeeded with a known end and route: the VM left ``source_node`` for ``target_node``."""
+        return self.phase == "Succeeded" and self.end is not None and bool(self.source_node or self.target_node)
 
 
 def migration_from_object(obj: Any) -> MigrationRecord:

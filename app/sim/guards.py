@@ -59,6 +59,13 @@ BASELINES = {
 GUARD_VARIANTS = {
     "guard": GuardVariant("the guard with its default settings and the scenario's guard block"),
     "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
+    # issue 14's candidates, each the default guard plus one setting
+    "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubling per move within 1h, cap 1h",
+                                   {"nodeCooldown": "15m"}),
+    "guard-targetcool": GuardVariant("candidate 2: target-node cooldown (rule 8c) 15m, doubling within 1h, cap 1h",
+                                     {"targetNodeCooldown": "15m"}),
+    "guard-settle": GuardVariant("candidate 4: node cooldown 5m, never doubled (a settle time after each departure)",
+                                 {"nodeCooldown": "5m", "nodeCooldownWindow": "0s"}),
 }
 ALIASES = {"off": "upstream"}
 MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
