@@ -26,7 +26,7 @@ DURATIONS = {
     "maxNodeCooldown": "max_node_cooldown",
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
-BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction", "targetNodeCooldownChurnOnly": "target_node_cooldown_churn_only"}
 SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS)
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")

@@ -60,7 +60,7 @@ def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | No
 
 
 def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | None = None, evacuation: str | None = None,
-         uid: str | None = None) -> dict:
+         uid: str | None = None, priority: str | None = None) -> dict:
     meta: dict = {"name": name, "namespace": NS, "uid": uid or (state or {}).get("migrationUid") or f"uid-{name}",
                   "creationTimestamp": ts(created)}
     if evacuation:
@@ -68,8 +68,9 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
     status: dict = {"phase": phase} if phase else {}
     if state is not None:
         status["migrationState"] = state
+    spec: dict = {"vmiName": vmi_name, **({"priority": priority} if priority else {})}
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration", "metadata": meta,
-            "spec": {"vmiName": vmi_name}, "status": status}
+            "spec": spec, "status": status}
 
 
 def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,

@@ -15,7 +15,7 @@ from app.domain.records import EXEMPT_OVERRIDE, PREFER_NO_EVICTION, LauncherPod,
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
-from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, node_cooldown
+from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
 from app.policy.steering import Ranking, rank
 from app.timefmt import format_duration
@@ -153,9 +153,16 @@ def source_cooldown(node: str, view: ClusterView, now: float, settings: PolicySe
 
 
 def target_cooldown(node: str, view: ClusterView, now: float, settings: PolicySettings) -> NodeCooldown | None:
-    """Rule 8c: the node's rest after the descheduler's last move onto it: evicting from it now is ping-pong."""
-    return node_cooldown(node, ARRIVED, view.moves_to(node), view, now, settings.target_node_cooldown,
+    """Rule 8c: the node's rest after the descheduler's last move onto it: evicting from it now is ping-pong.
+    With ``targetNodeCooldownChurnOnly`` only while the node also sent a VM away within that rest (it both
+    receives and sends: churn); a node that only receives, or only sends, is left to the descheduler."""
+    rest = node_cooldown(node, ARRIVED, view.moves_to(node), view, now, settings.target_node_cooldown,
                          settings.node_cooldown_window, settings.max_node_cooldown)
+    if rest is None or not rest.active or not settings.target_node_cooldown_churn_only:
+        return rest
+    since = now - rest.cooldown
+    sent = any(m.end is not None and since < m.end <= now and descheduler_caused(m, view) for m in view.moves_from(node))
+    return rest if sent else None
 
 
 def steering_ranking(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings,
@@ -306,7 +313,9 @@ def _node_rest_text(rest: NodeCooldown, settings: PolicySettings) -> str:
     assert m.end is not None
     moved = (f"VMI {m.namespace}/{m.vmi_name} left it for {m.target_node or '?'}" if rest.direction == LEFT
              else f"VMI {m.namespace}/{m.vmi_name} arrived from {m.source_node or '?'}")
-    what = "node cooldown" if rest.direction == LEFT else "target-node cooldown"
+    what = "node cooldown" if rest.direction == LEFT else (
+        "target-node cooldown" if not settings.target_node_cooldown_churn_only
+        else "target-node cooldown (it also sent a VM away: churn)")
     window = (f" ({rest.count} descheduler moves in the last {format_duration(settings.node_cooldown_window)})"
               if settings.node_cooldown_window > 0 else "")
     return (f'node "{rest.node}" is in {what}: {moved} {format_duration(rest.cooldown - rest.remaining)} ago '

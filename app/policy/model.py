@@ -54,6 +54,8 @@ class PolicySettings:
     target_node_cooldown: float = 0.0
     node_cooldown_window: float = 3600.0
     max_node_cooldown: float = 3600.0
+    # rule 8c only while the node also sent a VM away (descheduler) within its target-node cooldown: churn
+    target_node_cooldown_churn_only: bool = False
 
 
 @dataclass(slots=True, frozen=True)

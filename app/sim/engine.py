@@ -65,6 +65,7 @@ class RunData:
     cached_hits: int = 0
     redirected: int = 0
     stall_seconds: int = 0
+    longest_stall_seconds: int = 0  # the longest unbroken run of stalled cycles
     blocked_seconds: int = 0
     descheduler_cycles: int = 0
     active_cycles: int = 0
@@ -104,6 +105,7 @@ class Simulation:
         self.load_rng = Random(f"{seed}:load")
         self._queue: list = []
         self._seq = 0
+        self._stall_run = 0  # seconds of the current unbroken stall
         self.now = 0
         self.store = ClusterStore()
         placement = scenario.placement or initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
@@ -230,12 +232,17 @@ class Simulation:
         """Stall: an overutilised node, no new eviction, the limits full of in-flight
         entries, and one of them a VM whose evacuation keeps failing."""
         if not result.blocked_by_in_flight:
+            self._stall_run = 0
             return
         span = min(self.ds.interval, self.duration - now)
         self.data.blocked_seconds += span
         pods = self.kv.pods
         if any(name in pods and pods[name].vmi.failures_since_success > 0 for name in self.desched.cache):
             self.data.stall_seconds += span
+            self._stall_run += span
+            self.data.longest_stall_seconds = max(self.data.longest_stall_seconds, self._stall_run)
+        else:
+            self._stall_run = 0
 
     def descheduler_sweep(self, now: int) -> None:
         self.desched.sweep(now)

@@ -151,6 +151,7 @@ class MigrationRun:
     target: str
     failed: bool
     failure: str = ""
+    copy_start: int | None = None  # migrationState.startTimestamp (None: never started copying)
 
 
 def migration_duration(memory: float, dirty_rate: float, bandwidth: float, s: KubeVirtSettings) -> tuple[int, bool]:
@@ -499,6 +500,7 @@ class KubeVirt:
         self.finished.append(MigrationRun(
             vm=vmi.name, cause=m.cause, created=m.created, start=m.start if m.start is not None else now, end=now,
             source=source.name, target=target.name if target else "", failed=failed, failure=failure,
+            copy_start=m.copy_start,
         ))
         old = vmi.pod
         if failed:

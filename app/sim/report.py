@@ -69,7 +69,8 @@ ROWS = (
     ("in-flight entries lapsed", "in_flight_lapsed", "{:.0f}"),
 )
 LISTED = tuple(k for _, k, _ in ROWS if "." not in k) + ("blocked_by_in_flight_seconds", "in_flight_counted_without_request",
-                                                          "vms_migrated", "policy_calls")
+                                                          "vms_migrated", "policy_calls",
+                                                          "longest_stall_seconds")
 
 
 def summary_json(scenario, seeds: list[int], modes: list[str], runs: dict, hours: float | None) -> dict:
@@ -199,11 +200,13 @@ def write_csv(runs: dict, out_dir: Path) -> list[Path]:
                 w.writerow([mode, seed, p["t"], p["score_std"], p["cpu_std"]])
     with migrations.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["mode", "seed", "vm", "cause", "start_s", "end_s", "source", "target", "failed", "failure"])
+        w.writerow(["mode", "seed", "vm", "cause", "start_s", "end_s", "source", "target", "failed", "failure",
+                    "copy_start_s"])
         for (seed, mode), (_, series, _) in sorted(runs.items()):
             for r in series["migrations"]:
                 w.writerow([mode, seed, r["vm"], r["cause"], r["start"], "" if r["end"] is None else r["end"],
-                            r["source"], r["target"], r["failed"], r["failure"]])
+                            r["source"], r["target"], r["failed"], r["failure"],
+                            "" if r.get("copy_start") is None else r["copy_start"]])
     return [spread, migrations]
 
 
