@@ -59,13 +59,18 @@ BASELINES = {
 GUARD_VARIANTS = {
     "guard": GuardVariant("the guard with its default settings and the scenario's guard block"),
     "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
-    # issue 14's candidates, each the default guard plus one setting
-    "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubling per move within 1h, cap 1h",
+    # issue 14's candidates: the default guard plus the settings named (bench/sim_candidates.sh measures them)
+    "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubled per departure within 1h, cap 1h",
                                    {"nodeCooldown": "15m"}),
-    "guard-targetcool": GuardVariant("candidate 2: target-node cooldown (rule 8c) 15m, doubling within 1h, cap 1h",
+    "guard-targetcool": GuardVariant("candidate 2: target-node cooldown (rule 8c) 15m, doubled within 1h, cap 1h",
                                      {"targetNodeCooldown": "15m"}),
-    "guard-settle": GuardVariant("candidate 4: node cooldown 5m, never doubled (a settle time after each departure)",
+    "guard-settle": GuardVariant("candidate 4a: node cooldown 5m, never doubled (a settle time after each departure)",
                                  {"nodeCooldown": "5m", "nodeCooldownWindow": "0s"}),
+    "guard-longrest": GuardVariant("candidate 4b: node cooldown 60m, never doubled (one departure per node per hour)",
+                                   {"nodeCooldown": "60m", "nodeCooldownWindow": "0s"}),
+    "guard-churn": GuardVariant("candidate 4c: target-node cooldown 30m, only while the node also sent a VM (churn)",
+                                {"targetNodeCooldown": "30m", "nodeCooldownWindow": "0s",
+                                 "targetNodeCooldownChurnOnly": "true"}),
 }
 ALIASES = {"off": "upstream"}
 MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
