@@ -106,6 +106,9 @@ class ClusterStore:
     def vmis(self) -> list[VMIRecord]:
         return [v for names in list(self._vmis.values()) for v in list(names.values())]
 
+    def nodes(self) -> list[NodeRecord]:
+        return list(self._nodes.values())
+
     def pods(self) -> list[LauncherPod]:
         return [p for names in list(self._pods.values()) for p in list(names.values())]
 
