@@ -132,8 +132,7 @@ def write_node_cooldowns(store: ClusterStore, now: float, settings: PolicySettin
         return
     header = ["  NODE", "RULE", "LAST-MOVE", "SOURCE -> TARGET", "COOLDOWN", "REMAINING"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        out.write("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")
+    out.writelines("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n" for r in [header, *rows])
 
 
 def write_ranking(node: str, vmi, store: ClusterStore, now: float, settings: PolicySettings, usage: UsageSnapshot, w) -> None:

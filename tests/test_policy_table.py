@@ -179,7 +179,7 @@ ROWS = [
     # 8b. node cooldown: the descheduler moved a VM off this node a short while ago
     Row("8b node cooldown, exact text", [DB, DB_POD, *LEFT_A], desched(), False, "node_cooldown",
         'node "worker-a" is in node cooldown: VMI vms/web left it for worker-b 5m0s ago (descheduler), cooldown 15m0s '
-        "(1 descheduler moves in the last 1h0m0s), 10m0s left; choose a VM on another node", settings=NODE_CD),
+        "(1 descheduler move in the last 1h0m0s), 10m0s left; choose a VM on another node", settings=NODE_CD),
     Row("8b off by default", [DB, DB_POD, *LEFT_A], desched(), True, "allowed"),
     Row("8b over: the departure ended 20 min ago", [DB, DB_POD, vmi("web", "worker-b"),
         vmim("w1", "web", "Succeeded", 25, mstate("w1", "worker-a", "worker-b", 22, 20), priority=MAINT)],
@@ -216,7 +216,7 @@ ROWS = [
     # 8c. target-node cooldown: the descheduler moved a VM onto this node a short while ago
     Row("8c target-node cooldown, exact text", [DB, DB_POD, *ARRIVED_A], desched(), False, "target_node_cooldown",
         'node "worker-a" is in target-node cooldown: VMI vms/web arrived from worker-b 5m0s ago (descheduler), '
-        "cooldown 15m0s (1 descheduler moves in the last 1h0m0s), 10m0s left; choose a VM on another node",
+        "cooldown 15m0s (1 descheduler move in the last 1h0m0s), 10m0s left; choose a VM on another node",
         settings=TARGET_CD),
     Row("8c off by default", [DB, DB_POD, *ARRIVED_A], desched(), True, "allowed"),
     Row("8c a drain's arrival does not count", [DB, DB_POD, vmi("web", "worker-a"),

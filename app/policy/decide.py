@@ -15,8 +15,8 @@ from app.domain.records import EXEMPT_OVERRIDE, PREFER_NO_EVICTION, LauncherPod,
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
-from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
+from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
 from app.policy.steering import Ranking, rank
 from app.timefmt import format_duration
 
@@ -316,7 +316,8 @@ def _node_rest_text(rest: NodeCooldown, settings: PolicySettings) -> str:
     what = "node cooldown" if rest.direction == LEFT else (
         "target-node cooldown" if not settings.target_node_cooldown_churn_only
         else "target-node cooldown (it also sent a VM away: churn)")
-    window = (f" ({rest.count} descheduler moves in the last {format_duration(settings.node_cooldown_window)})"
+    moves = "move" if rest.count == 1 else "moves"
+    window = (f" ({rest.count} descheduler {moves} in the last {format_duration(settings.node_cooldown_window)})"
               if settings.node_cooldown_window > 0 else "")
     return (f'node "{rest.node}" is in {what}: {moved} {format_duration(rest.cooldown - rest.remaining)} ago '
             f"(descheduler), cooldown {format_duration(rest.cooldown)}{window}, {format_duration(rest.remaining)} left; "
