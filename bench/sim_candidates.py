@@ -11,8 +11,9 @@ The VM-cooldown check is independent of the guard's code path: from the migratio
 timeline (migrations.csv), a descheduler-caused migration that *started* before the
 VM's previous finished migration (one that reached its ``migrationState``) ended plus the
 cooldown the default settings give (15m floor or that migration's copy time, doubling per
-migration in 48 h, 6 h cap). Its eviction came before its start, so this count is a lower
-bound of violations.
+migration in 48 h, 6 h cap). A migration right after a failed attempt of the same VM is
+KubeVirt's retry of the same evacuation (the VMI stays marked), not a new eviction, and is
+not checked. Its eviction came before its start, so this count is a lower bound of violations.
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ def cooldown_violations(rows: list[dict], settings: PolicySettings) -> int:
     for moves in by_vm.values():
         moves.sort(key=lambda r: int(r["start_s"]))
         done: list[tuple[int, int]] = []  # (copy start, end) of the migrations that reached the VMI's migrationState
+        previous_failed = False
         for r in moves:
             start = int(r["start_s"])
             ended = [d for d in done if d[1] <= start]
-            if r["cause"] == "descheduler" and ended:
+            # after a failed attempt the VMI stays marked and KubeVirt retries: no new eviction, nothing to check
+            if r["cause"] == "descheduler" and ended and not previous_failed:
                 last = max(ended, key=lambda d: d[1])
                 n = sum(1 for d in ended if d[1] > start - settings.migration_history_window)
                 _, cd = effective_cooldown(last[1] - last[0], n, settings)
@@ -67,6 +70,7 @@ def cooldown_violations(rows: list[dict], settings: PolicySettings) -> int:
                     count += 1
             if r["end_s"] and r.get("copy_start_s"):
                 done.append((int(r["copy_start_s"]), int(r["end_s"])))
+            previous_failed = r["failed"] == "True"
     return count
 
 

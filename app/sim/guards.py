@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.domain.history import HISTORY_ANNOTATION, encode_history
 from app.domain.view import HEALTHY
+from app.effects.history import known_migrations, merge
+from app.policy.cooldown import vm_settings
 from app.policy import decide, effective_cooldown
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
@@ -137,6 +140,20 @@ class GuardWebhook:
         self.kv = kubevirt
         self.settings = settings
         self.prometheus = prometheus  # ModelledPrometheus: steering on
+        kubevirt.listeners.append(self._record_history)
+
+    def _record_history(self, m: Migration) -> None:
+        """The guard's history annotation (on by default in the product, app/effects/history.py), written
+        at once when a migration finishes: the cooldown count then outlives KubeVirt's 5 kept VMIMs."""
+        store, now = self.kv.store, EPOCH + (m.end or 0)
+        vmi = store.vmi(NAMESPACE, m.vmi.name)
+        if vmi is None:
+            return
+        known = known_migrations(vmi, store.migrations(NAMESPACE, vmi.name))
+        entries, adds = merge(vmi.history, known, now, vm_settings(vmi, self.settings))
+        if known and adds:
+            m.vmi.annotations[HISTORY_ANNOTATION] = encode_history(entries)
+            self.kv.publish_vmi(m.vmi)
 
     def check(self, pod: Pod, now: int, client: str) -> Answer | None:
         from_descheduler = client == DESCHEDULER

@@ -118,6 +118,7 @@ class VMI:
     vmims: list[Migration] = field(default_factory=list)  # retained VMIMs, oldest first
     failures_since_success: int = 0
     pod_serial: int = 0
+    annotations: dict = field(default_factory=dict)  # written by others: the guard's migration history
 
     @property
     def name(self) -> str:
@@ -256,7 +257,7 @@ class KubeVirt:
             status["evacuationNodeName"] = v.evacuation_node
         if v.migration is not None and v.migration.copy_start is not None:
             status["migrationState"] = _state(v.migration)
-        annotations = {"kubevirt.io/eviction-source": "descheduler"} if v.from_descheduler else {}
+        annotations = {**v.annotations, **({"kubevirt.io/eviction-source": "descheduler"} if v.from_descheduler else {})}
         self.store.upsert(vmi_from_object({
             "metadata": {"name": v.name, "namespace": NAMESPACE, "uid": f"uid-vmi-{v.name}",
                          "creationTimestamp": ts(v.created), "annotations": annotations},
