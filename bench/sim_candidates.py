@@ -76,7 +76,7 @@ def cooldown_violations(rows: list[dict], settings: PolicySettings) -> int:
 
 def load(dir_: Path) -> dict:
     out = {}
-    for summary in sorted(dir_.glob("*/summary.json")):
+    for summary in sorted([*dir_.glob("summary.json"), *dir_.glob("*/summary.json")]):
         data = json.loads(summary.read_text())
         rows: dict = defaultdict(list)
         mig = summary.parent / "migrations.csv"

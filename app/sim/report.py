@@ -34,7 +34,8 @@ SIMPLIFICATIONS = (
     "scores; ties at random).",
     "API calls, watches and controllers are instantaneous, except that virt-controller sets the pod's "
     "eviction-in-progress annotation one second after the mark (so the descheduler's assumed entry comes "
-    "first, as in a cluster). The guard's store is always current.",
+    "first, as in a cluster). The guard's store is always current, and its migration-history annotation "
+    "is written the instant a migration finishes.",
     "The descheduler's pod informer sees an update of a launcher pod only when its eviction-in-progress "
     "annotation changes; other pod updates, which would re-add a lapsed entry as observed, are not modelled.",
     "Drains: kubectl drain (cordon) retries refused evictions every 5 s, cluster-autoscaler (taint "
