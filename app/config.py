@@ -20,9 +20,13 @@ DURATIONS = {
     "maxMigrationCooldown": "max_migration_cooldown",
     "migrationHistoryWindow": "migration_history_window",
     "evacuationStaleAfter": "evacuation_stale_after",
+    "nodeCooldown": "node_cooldown",
+    "targetNodeCooldown": "target_node_cooldown",
+    "nodeCooldownWindow": "node_cooldown_window",
+    "maxNodeCooldown": "max_node_cooldown",
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
-BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction"}
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction", "targetNodeCooldownChurnOnly": "target_node_cooldown_churn_only"}
 SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS,
                  "evacuationStaleAfterFailures")
 MAX_STALE_FAILURES = 5  # KubeVirt keeps the 5 most recent finished VMIMs per VMI: more could never be counted

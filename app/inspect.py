@@ -12,8 +12,17 @@ from app.domain.records import COOLDOWN_OVERRIDE, EXEMPT_OVERRIDE, FINAL_PHASES,
 from app.domain.usage import UsageSnapshot
 from app.policy import cooldown_state, decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
-from app.policy.decide import describe_in_flight, is_leaving, leaving_age, steering_ranking, stuck_evacuation
+from app.policy.decide import (
+    describe_in_flight,
+    is_leaving,
+    leaving_age,
+    source_cooldown,
+    steering_ranking,
+    stuck_evacuation,
+    target_cooldown,
+)
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
+from app.policy.nodecool import NodeCooldown
 from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
 from app.timefmt import format_duration, format_timestamp
 
@@ -97,8 +106,46 @@ def write_explanation(req: EvictionRequest, store: ClusterStore, now: float, set
             leaving.append(f"{other.namespace}/{other.name} (leaving for {format_duration(age) if age is not None else 'unknown'})")
     w(f"leaving {pod.node or '-'}: {', '.join(leaving) if leaving else 'none'}"
       f" (budget {settings.pending_evacuations_per_node}, stale after {format_duration(settings.evacuation_stale_after)})\n")
+    w(f"node cooldown (8b):        {describe_node_rest(source_cooldown(pod.node, store, now, settings), settings.node_cooldown)}\n")
+    w(f"target-node cooldown (8c): "
+      f"{describe_node_rest(target_cooldown(pod.node, store, now, settings), settings.target_node_cooldown)}\n")
     if usage is not None:
         write_ranking(pod.node, vmi, store, now, settings, usage, w)
+
+
+def describe_node_rest(rest: NodeCooldown | None, floor: float) -> str:
+    """One line on a node cooldown: off, none, over, or its numbers."""
+    if floor <= 0:
+        return "off"
+    if rest is None:
+        return "no descheduler move counts (or churn-only and the node sent none)"
+    m = rest.last
+    route = f"{m.source_node or '?'} -> {m.target_node or '?'}"
+    state = f"remaining {format_duration(rest.remaining)}" if rest.active else "over"
+    return (f"last descheduler move {m.namespace}/{m.vmi_name} ({route}) ended {format_timestamp(m.end or 0)}; "
+            f"{rest.count} in the window; cooldown {format_duration(rest.cooldown)}, {state}")
+
+
+def write_node_cooldowns(store: ClusterStore, now: float, settings: PolicySettings, out: TextIO) -> None:
+    """Rules 8b/8c per node: which nodes the descheduler may not evict from right now, and for how long."""
+    if settings.node_cooldown <= 0 and settings.target_node_cooldown <= 0:
+        out.write("\nNode cooldowns (rules 8b, 8c): off (nodeCooldown and targetNodeCooldown are 0)\n")
+        return
+    rows = []
+    for node in sorted(n.name for n in store.nodes()):
+        for rule, rest in (("8b node_cooldown", source_cooldown(node, store, now, settings)),
+                           ("8c target_node_cooldown", target_cooldown(node, store, now, settings))):
+            if rest is not None and rest.active:
+                m = rest.last
+                rows.append([f"  {node}", rule, f"{m.namespace}/{m.vmi_name}", f"{m.source_node} -> {m.target_node}",
+                             format_duration(rest.cooldown), format_duration(rest.remaining)])
+    out.write("\nNode cooldowns (rules 8b, 8c): nodes the descheduler may not evict from now:\n")
+    if not rows:
+        out.write("  none\n")
+        return
+    header = ["  NODE", "RULE", "LAST-MOVE", "SOURCE -> TARGET", "COOLDOWN", "REMAINING"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out.writelines("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n" for r in [header, *rows])
 
 
 def write_ranking(node: str, vmi, store: ClusterStore, now: float, settings: PolicySettings, usage: UsageSnapshot, w) -> None:
@@ -202,6 +249,7 @@ def write_report(store: ClusterStore, now: float, settings: PolicySettings, out:
         out.write("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")
     out.write(f"\n{len(rows)} VMIs as of {format_timestamp(now)}; migrations counted in the last "
               f"{format_duration(settings.migration_history_window)}\n")
+    write_node_cooldowns(store, now, settings, out)
     write_history(store, out)
 
 

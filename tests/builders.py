@@ -68,8 +68,9 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
     status: dict = {"phase": phase} if phase else {}
     if state is not None:
         status["migrationState"] = state
+    spec: dict = {"vmiName": vmi_name, **({"priority": priority} if priority else {})}
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration", "metadata": meta,
-            "spec": {"vmiName": vmi_name, **({"priority": priority} if priority else {})}, "status": status}
+            "spec": spec, "status": status}
 
 
 def failing_evacuation(vmi_name: str, node_name: str, attempts: int, first: float = 15, every: float = 4,

@@ -230,7 +230,9 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     policy = {"migrationCooldown": "10m", "maxMigrationCooldown": "0", "migrationHistoryWindow": "24h",
               "cooldownScope": "all", "deschedulerUsers": ["system:serviceaccount:kube-system:descheduler"],
               "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m", "honorPreferNoEviction": False,
-              "evacuationStaleAfterFailures": 5}
+              "evacuationStaleAfterFailures": 5,
+              "nodeCooldown": "5m", "targetNodeCooldown": "30m", "nodeCooldownWindow": "0s", "maxNodeCooldown": "2h",
+              "targetNodeCooldownChurnOnly": True}
     docs = render({"policy": policy})
     (tmp_path / "config.yaml").write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     settings = build_settings(load_config_file(tmp_path / "config.yaml"))
@@ -240,6 +242,8 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     assert settings.pending_evacuations_per_node == 2 and settings.evacuation_stale_after == 5400
     assert settings.honor_prefer_no_eviction is False
     assert settings.evacuation_stale_after_failures == 5
+    assert (settings.node_cooldown, settings.target_node_cooldown, settings.node_cooldown_window,
+            settings.max_node_cooldown, settings.target_node_cooldown_churn_only) == (300, 1800, 0, 7200, True)
     # a policy change rolls the pods (the config checksum is in the pod template)
     before = one(render(), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     after = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]

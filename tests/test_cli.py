@@ -129,6 +129,22 @@ def stuck_snapshot(tmp_path: Path) -> str:
     return str(path)
 
 
+def _cooling_snapshot(tmp_path) -> str:
+    """worker-x: a descheduler move left it 5 min ago; worker-y: one reached it 5 min ago."""
+    import yaml
+
+    from tests.builders import mstate, node, pod, vmi, vmim
+    off = mstate("m-off", "worker-x", "worker-z", start=7, end=5)
+    on = mstate("m-on", "worker-z", "worker-y", start=7, end=5)
+    items = [node("worker-x"), node("worker-y"), node("worker-z"),
+             vmi("gone", "worker-z", migration=off), vmim("m-off", "gone", "Succeeded", 8, off, priority="system-maintenance"),
+             vmi("came", "worker-y", migration=on), vmim("m-on", "came", "Succeeded", 8, on, priority="system-maintenance"),
+             vmi("stay", "worker-x"), pod("stay", "worker-x")]
+    path = tmp_path / "cooling.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    return str(path)
+
+
 def test_explain_and_report_show_a_stuck_evacuation(capsys, tmp_path) -> None:
     snap = stuck_snapshot(tmp_path)
     code, out, _ = run(capsys, "explain", "-n", "vms", "--pod", "virt-launcher-db-abcde", "--requester", "descheduler",
@@ -142,3 +158,24 @@ def test_explain_and_report_show_a_stuck_evacuation(capsys, tmp_path) -> None:
     rows = {line.split()[1]: line.split() for line in out.splitlines()[1:] if line.startswith("vms ")}
     assert rows["db"][-1] == "evacuation-stuck"
     assert rows["web"][-1] == "evacuation-pending"
+def test_explain_shows_node_cooldowns(capsys, tmp_path) -> None:
+    snap = _cooling_snapshot(tmp_path)
+    _, out, _ = run(capsys, "explain", "-n", "vms", "--pod", "virt-launcher-stay-abcde", "--snapshot", snap,
+                    "--now", DEMO_NOW, "--node-cooldown", "15m")
+    assert "reason: node_cooldown" in out
+    assert "node cooldown (8b):        last descheduler move vms/gone (worker-x -> worker-z)" in out
+    assert "cooldown 15m0s, remaining 10m0s" in out
+    assert "target-node cooldown (8c): off" in out
+    _, out, _ = run(capsys, "explain", "-n", "vms", "--pod", "virt-launcher-stay-abcde", "--snapshot", snap,
+                    "--now", DEMO_NOW)
+    assert "reason: allowed" in out and "node cooldown (8b):        off" in out
+
+
+def test_report_lists_nodes_in_cooldown(capsys, tmp_path) -> None:
+    snap = _cooling_snapshot(tmp_path)
+    _, out, _ = run(capsys, "report", "--snapshot", snap, "--now", DEMO_NOW, "--node-cooldown", "15m",
+                    "--target-node-cooldown", "15m")
+    rows = {tuple(line.split()[:2]) for line in out.splitlines() if line.startswith("  worker-")}
+    # worker-z sent vms/came and received vms/gone: both rules hold it
+    assert rows == {("worker-x", "8b"), ("worker-y", "8c"), ("worker-z", "8b"), ("worker-z", "8c")}
+    assert "Node cooldowns (rules 8b, 8c): off" in run(capsys, "report", "--snapshot", snap, "--now", DEMO_NOW)[1]

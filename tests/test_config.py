@@ -30,6 +30,16 @@ def test_defaults() -> None:
     s = build_settings({})
     assert (s.migration_cooldown, s.max_migration_cooldown, s.migration_history_window) == (900, 21600, 172800)
     assert (s.cooldown_scope, s.pending_evacuations_per_node, s.evacuation_stale_after) == ("descheduler", 1, 3600)
+    # rules 8b and 8c are off unless set (issue 14's measurement chose so)
+    assert (s.node_cooldown, s.target_node_cooldown, s.target_node_cooldown_churn_only) == (0, 0, False)
+    assert (s.node_cooldown_window, s.max_node_cooldown) == (3600, 3600)
+
+
+def test_node_cooldown_settings() -> None:
+    s = build_settings({"nodeCooldown": "10m", "targetNodeCooldown": "5m", "nodeCooldownWindow": "0",
+                        "maxNodeCooldown": "2h", "targetNodeCooldownChurnOnly": "true"})
+    assert (s.node_cooldown, s.target_node_cooldown, s.node_cooldown_window, s.max_node_cooldown) == (600, 300, 0, 7200)
+    assert s.target_node_cooldown_churn_only is True
 
 
 def test_zero_means_zero() -> None:
@@ -53,6 +63,11 @@ def test_zero_means_zero() -> None:
     ({"evacuationStaleAfterFailures": "three"}, "evacuationStaleAfterFailures"),
     ({"evacuationStaleAfterFailures": 2.5}, "evacuationStaleAfterFailures"),
     ({"evacuationStaleAfterFailures": True}, "evacuationStaleAfterFailures"),
+    ({"nodeCooldown": "-1m"}, "nodeCooldown"),
+    ({"targetNodeCooldown": "soon"}, "targetNodeCooldown"),
+    ({"nodeCooldownWindow": "1 hour"}, "nodeCooldownWindow"),
+    ({"maxNodeCooldown": "-1h"}, "maxNodeCooldown"),
+    ({"targetNodeCooldownChurnOnly": "maybe"}, "targetNodeCooldownChurnOnly"),
 ])
 def test_invalid_settings_name_the_setting(values, named) -> None:
     with pytest.raises(SettingsError) as e:

@@ -283,3 +283,52 @@ def test_tls_below_1_2_is_refused(guard) -> None:
 
 def test_server_clock_matches_builders() -> None:
     assert ts(0) == NOW_ARG
+
+
+# ---- rules 8b and 8c over the wire (issue 14): a guard started with both node cooldowns on ----------------------
+
+MOVED_OFF = mstate("m-off", "worker-x", "worker-z", start=7, end=5)  # descheduler move off worker-x, 5 min ago
+MOVED_ON = mstate("m-on", "worker-z", "worker-y", start=7, end=5)  # descheduler move onto worker-y, 5 min ago
+COOLING = [
+    node("worker-x"), node("worker-y"), node("worker-z"),
+    vmi("gone", "worker-z", migration=MOVED_OFF),
+    vmim("m-off", "gone", "Succeeded", 8, MOVED_OFF, evacuation="worker-x", priority="system-maintenance"),
+    vmi("came", "worker-y", migration=MOVED_ON),
+    vmim("m-on", "came", "Succeeded", 8, MOVED_ON, evacuation="worker-z", priority="system-maintenance"),
+    vmi("stay-x", "worker-x"), pod("stay-x", "worker-x", name="virt-launcher-stay-x"),
+    vmi("stay-y", "worker-y"), pod("stay-y", "worker-y", name="virt-launcher-stay-y"),
+]
+
+
+@pytest.fixture(scope="module")
+def cooling_client(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cooling")
+    snap = work / "snapshot.yaml"
+    snap.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": COOLING}))
+    g = GuardProcess(work, ["--snapshot", str(snap), "--now", NOW_ARG, "--node-cooldown", "15m",
+                            "--target-node-cooldown", "15m"])
+    g.wait_healthy()
+    with g.client() as c:
+        yield c
+    assert g.stop() == 0, g.log.read_text()
+
+
+@pytest.mark.parametrize("pod_name, reason, text", [
+    ("virt-launcher-stay-x", "node_cooldown", 'node "worker-x" is in node cooldown: VMI vms/gone left it for worker-z'),
+    ("virt-launcher-stay-y", "target_node_cooldown",
+     'node "worker-y" is in target-node cooldown: VMI vms/came arrived from worker-z'),
+])
+def test_node_cooldowns_over_the_wire(cooling_client, pod_name, reason, text) -> None:
+    r = post(cooling_client, descheduler_review(pod_name))
+    assert "retryAfterSeconds" not in r.text
+    resp = r.json()["response"]
+    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == reason
+    assert (resp["status"]["code"], resp["status"]["reason"]) == (429, "TooManyRequests")
+    assert text in resp["status"]["message"] and "choose a VM on another node" in resp["status"]["message"]
+    assert "Eviction triggered evacuation" not in resp["status"]["message"]  # the descheduler tries its next candidate
+    assert resp["auditAnnotations"]["remaining-seconds"] == "600"
+    plain = base_review()  # an admin's eviction is not held back (cooldownScope: descheduler)
+    plain["request"]["name"] = pod_name
+    assert post(cooling_client, plain).json()["response"]["auditAnnotations"]["reason"] == "allowed"
+    metrics = cooling_client.get("/metrics").text
+    assert f'kubevirt_eviction_guard_decisions_total{{decision="denied",reason="{reason}"}}' in metrics

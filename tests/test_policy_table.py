@@ -70,6 +70,13 @@ CD = "kubevirt-eviction-guard.io/migration-cooldown"
 EXEMPT = {EX: "true"}
 DB_PNE = vmi("db", "worker-a", annotations={PNE: ""})
 DB_POD_PNE = pod("db", "worker-a", annotations={PNE: ""})
+MAINT = "system-maintenance"
+NODE_CD = PolicySettings(node_cooldown=15 * MIN)
+TARGET_CD = PolicySettings(target_node_cooldown=15 * MIN)
+# vms/web left worker-a for worker-b, the descheduler's move, ended 5 min ago after 2 min
+LEFT_A = [vmi("web", "worker-b"), vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-a", "worker-b", 7, 5), priority=MAINT)]
+ARRIVED_A = [vmi("web", "worker-a"), vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-b", "worker-a", 7, 5), priority=MAINT)]
+WEB2_LEAVING = [vmi("web2", "worker-a", evacuation="worker-a"), pod("web2", "worker-a")]
 UIDLESS = {k: v for k, v in RECENT.items() if k != "migrationUid"}
 SRC = {"kubevirt.io/eviction-source": "descheduler"}
 DB_MARKED = vmi("db", "worker-a", evacuation="worker-a", annotations=SRC)
@@ -219,6 +226,63 @@ ROWS = [
     Row("8 drain exemption: autoscaler taint, not cordoned",
         [vmi("db", "worker-d"), pod("db", "worker-d"), vmi("web", "worker-d", evacuation="worker-d")],
         desched(), True, "allowed", "ToBeDeletedByClusterAutoscaler"),
+    # 8b. node cooldown: the descheduler moved a VM off this node a short while ago
+    Row("8b node cooldown, exact text", [DB, DB_POD, *LEFT_A], desched(), False, "node_cooldown",
+        'node "worker-a" is in node cooldown: VMI vms/web left it for worker-b 5m0s ago (descheduler), cooldown 15m0s '
+        "(1 descheduler move in the last 1h0m0s), 10m0s left; choose a VM on another node", settings=NODE_CD),
+    Row("8b off by default", [DB, DB_POD, *LEFT_A], desched(), True, "allowed"),
+    Row("8b over: the departure ended 20 min ago", [DB, DB_POD, vmi("web", "worker-b"),
+        vmim("w1", "web", "Succeeded", 25, mstate("w1", "worker-a", "worker-b", 22, 20), priority=MAINT)],
+        desched(), True, "allowed", settings=NODE_CD),
+    Row("8b doubles: 2 departures within the window", [DB, DB_POD, *LEFT_A, vmi("app", "worker-c"),
+        vmim("a1", "app", "Succeeded", 40, mstate("a1", "worker-a", "worker-c", 38, 30), priority=MAINT)],
+        desched(), False, "node_cooldown", "cooldown 30m0s (2 descheduler moves", settings=NODE_CD),
+    Row("8b a drain's migration (system-critical) does not count", [DB, DB_POD, vmi("web", "worker-b"),
+        vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-a", "worker-b", 7, 5), priority="system-critical")],
+        desched(), True, "allowed", settings=NODE_CD),
+    Row("8b no priority (KubeVirt < 1.7): the VMI's eviction-source says descheduler",
+        [DB, DB_POD, vmi("web", "worker-b", annotations={"kubevirt.io/eviction-source": "descheduler"}),
+         vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-a", "worker-b", 7, 5))],
+        desched(), False, "node_cooldown", settings=NODE_CD),
+    Row("8b no priority, no eviction-source: not counted", [DB, DB_POD, vmi("web", "worker-b"),
+        vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-a", "worker-b", 7, 5))],
+        desched(), True, "allowed", settings=NODE_CD),
+    Row("8b a failed migration did not leave", [DB, DB_POD, vmi("web", "worker-a"),
+        vmim("w1", "web", "Failed", 8, mstate("w1", "worker-a", "worker-b", 7, 5, failed=True), priority=MAINT)],
+        desched(), True, "allowed", settings=NODE_CD),
+    Row("8b a long departure lengthens it (base = its duration)", [DB, DB_POD, vmi("web", "worker-b"),
+        vmim("w1", "web", "Succeeded", 31, mstate("w1", "worker-a", "worker-b", 30, 5), priority=MAINT)],
+        desched(), False, "node_cooldown", "cooldown 25m0s", settings=NODE_CD),
+    Row("8b not in scope: admin eviction", [DB, DB_POD, *LEFT_A], user(), True, "allowed", settings=NODE_CD),
+    Row("8b scope all: admin eviction held", [DB, DB_POD, *LEFT_A], user(), False, "node_cooldown",
+        settings=replace(NODE_CD, cooldown_scope="all")),
+    Row("8b drain exemption: cordoned node", [vmi("db", "worker-c"), pod("db", "worker-c"), vmi("web", "worker-b"),
+        vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-c", "worker-b", 7, 5), priority=MAINT)],
+        desched(), True, "allowed", "cordoned", settings=NODE_CD),
+    Row("8b exempt VM", [vmi("db", "worker-a", annotations=EXEMPT), DB_POD, *LEFT_A], desched(), True, "allowed",
+        settings=NODE_CD),
+    Row("8b a move onto the node is not a departure", [DB, DB_POD, *ARRIVED_A], desched(), True, "allowed",
+        settings=NODE_CD),
+    # 8c. target-node cooldown: the descheduler moved a VM onto this node a short while ago
+    Row("8c target-node cooldown, exact text", [DB, DB_POD, *ARRIVED_A], desched(), False, "target_node_cooldown",
+        'node "worker-a" is in target-node cooldown: VMI vms/web arrived from worker-b 5m0s ago (descheduler), '
+        "cooldown 15m0s (1 descheduler move in the last 1h0m0s), 10m0s left; choose a VM on another node",
+        settings=TARGET_CD),
+    Row("8c off by default", [DB, DB_POD, *ARRIVED_A], desched(), True, "allowed"),
+    Row("8c a drain's arrival does not count", [DB, DB_POD, vmi("web", "worker-a"),
+        vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-b", "worker-a", 7, 5), priority="system-critical")],
+        desched(), True, "allowed", settings=TARGET_CD),
+    Row("8c churn only: a node that only received is left alone", [DB, DB_POD, *ARRIVED_A], desched(), True, "allowed",
+        settings=replace(TARGET_CD, target_node_cooldown_churn_only=True)),
+    Row("8c churn only: received and sent", [DB, DB_POD, *ARRIVED_A, vmi("app", "worker-c"),
+        vmim("a1", "app", "Succeeded", 4, mstate("a1", "worker-a", "worker-c", 3, 2), priority=MAINT)],
+        desched(), False, "target_node_cooldown", "(it also sent a VM away: churn)",
+        settings=replace(TARGET_CD, target_node_cooldown_churn_only=True)),
+    Row("8c drain exemption: autoscaler taint", [vmi("db", "worker-d"), pod("db", "worker-d"), vmi("web", "worker-d"),
+        vmim("w1", "web", "Succeeded", 8, mstate("w1", "worker-b", "worker-d", 7, 5), priority=MAINT)],
+        desched(), True, "allowed", "ToBeDeletedByClusterAutoscaler", settings=TARGET_CD),
+    Row("8c after rule 8: a leaver is node_busy", [DB, DB_POD, *ARRIVED_A, *WEB2_LEAVING], desched(), False, "node_busy",
+        settings=TARGET_CD),
     # 9. cooldown
     Row("9 cooldown, exact text", [DB_RECENT, DB_POD], desched(), False, "cooldown",
         'VMI "vms/db" is in migration cooldown: last migration finished 5m0s ago, cooldown 15m0s '

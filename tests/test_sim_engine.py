@@ -179,3 +179,13 @@ def test_stall_counts_cycles_held_by_in_flight_entries_of_failing_vms_only():
     ok = {**HOT_NODE, "descheduler": {"interval": "60s"}}
     _, s = run("upstream", ok)
     assert s["stall_seconds"] == 0 and s["failed_migrations"] == 0
+
+
+def test_candidate_longrest_holds_the_node_an_hour_after_its_departure():
+    # as above, but the departure at 300-318 s puts "small" in node cooldown (rule 8b) for 60 min: at 3900 s
+    # (3582 s later) the descheduler is refused with node_cooldown and nothing moves
+    d, s = run("upstream+guard-longrest")
+    assert [(r.start, r.end) for r in d.runs] == [(300, 318)]
+    assert s["descheduler_outcomes"]["node_cooldown"] >= 1
+    d, s = run("upstream+guard-nodecool")  # 15 min: over by 3900 s
+    assert [(r.start, r.end) for r in d.runs] == [(300, 318), (3900, 3918)]

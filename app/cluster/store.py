@@ -33,6 +33,9 @@ Listener = Callable[[str, Any, Any], None]
 log = logging.getLogger("kubevirt_eviction_guard.cluster")
 _EMPTY: tuple = ()
 _NO_NS: dict = {}  # stands in for an absent namespace; never written to
+# finished moves kept per node and direction for the node cooldowns (rules 8b, 8c): the newest few are all
+# those rules read (the last end, and a count that stops mattering once the cooldown reaches its cap)
+MOVES_KEPT = 32
 
 
 class ClusterStore:
@@ -47,6 +50,9 @@ class ClusterStore:
         # node -> keys of VMIs that may be leaving it; vmi key -> that node
         self._leaving: dict[str, frozenset[tuple[str, str]]] = {}
         self._leaving_of: dict[tuple[str, str], str] = {}
+        # node -> Succeeded VMIMs that left / reached it, newest end first (at most MOVES_KEPT)
+        self._moves_from: dict[str, tuple[MigrationRecord, ...]] = {}
+        self._moves_to: dict[str, tuple[MigrationRecord, ...]] = {}
         # called (outside the lock) with each VMIM the store held unfinished and now holds final
         self.on_migration_finished: Callable[[MigrationRecord], None] | None = None
         self._listeners: tuple[Listener, ...] = ()
@@ -89,8 +95,19 @@ class ClusterStore:
         Policy decides which of them count."""
         return [v for ns, name in self._leaving.get(node, _EMPTY) if (v := self.vmi(ns, name)) is not None]
 
+    def moves_from(self, node: str) -> tuple[MigrationRecord, ...]:
+        """Succeeded VMIMs whose source was ``node``, newest end first (the newest MOVES_KEPT)."""
+        return self._moves_from.get(node, _EMPTY)
+
+    def moves_to(self, node: str) -> tuple[MigrationRecord, ...]:
+        """Succeeded VMIMs whose target was ``node``, newest end first (the newest MOVES_KEPT)."""
+        return self._moves_to.get(node, _EMPTY)
+
     def vmis(self) -> list[VMIRecord]:
         return [v for names in list(self._vmis.values()) for v in list(names.values())]
+
+    def nodes(self) -> list[NodeRecord]:
+        return list(self._nodes.values())
 
     def pods(self) -> list[LauncherPod]:
         return [p for names in list(self._pods.values()) for p in list(names.values())]
@@ -132,6 +149,7 @@ class ClusterStore:
                 old = _pop(self._vmims, ns, name)
                 if old is not None:
                     self._unindex_vmim(old)
+                    self._unindex_move(old)
                     self._refresh_leaving((old.namespace, old.vmi_name))
 
     def replace(self, kind: str, records: Iterable[Record]) -> None:
@@ -164,11 +182,13 @@ class ClusterStore:
                     if r.uid and not r.finished:
                         by_uid[r.uid] = r
             by_vmi = {ns: {v: tuple(ms) for v, ms in per.items()} for ns, per in grouped.items()}
+            moves_from, moves_to = _moves_index(r for names in vmims.values() for r in names.values())
             with self._lock:
                 old_vmims = self._vmims
                 self._vmims = vmims
                 self._vmims_by_vmi = by_vmi
                 self._vmims_by_uid = by_uid
+                self._moves_from, self._moves_to = moves_from, moves_to
                 self._rebuild_leaving()
             if self.on_migration_finished is not None:  # finished while the watch was down
                 for ns, names in vmims.items():
@@ -204,7 +224,9 @@ class ClusterStore:
             old = self._vmims.get(ns, _NO_NS).get(record.name)
             if old is not None:
                 self._unindex_vmim(old)
+                self._unindex_move(old)
             self._vmims.setdefault(ns, {})[record.name] = record
+            self._index_move(record)
             per_vmi = self._vmims_by_vmi.setdefault(ns, {})
             per_vmi[record.vmi_name] = per_vmi.get(record.vmi_name, _EMPTY) + (record,)
             if record.uid and not record.finished:
@@ -230,6 +252,23 @@ class ClusterStore:
                     del self._vmims_by_vmi[old.namespace]
         if old.uid and self._vmims_by_uid.get(old.uid) is old:
             del self._vmims_by_uid[old.uid]
+
+    def _index_move(self, m: MigrationRecord) -> None:
+        if not m.moved:
+            return
+        for index, node in ((self._moves_from, m.source_node), (self._moves_to, m.target_node)):
+            if node:
+                index[node] = _newest_first((*index.get(node, _EMPTY), m))
+
+    def _unindex_move(self, old: MigrationRecord) -> None:
+        for index, node in ((self._moves_from, old.source_node), (self._moves_to, old.target_node)):
+            kept = index.get(node)
+            if kept and any(m is old for m in kept):
+                rest = tuple(m for m in kept if m is not old)
+                if rest:
+                    index[node] = rest
+                else:
+                    del index[node]
 
     def _leaving_node(self, key: tuple[str, str]) -> str:
         vmi = self.vmi(*key)
@@ -275,6 +314,23 @@ class ClusterStore:
 
 
 _KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE}
+
+
+def _newest_first(moves: Iterable[MigrationRecord]) -> tuple[MigrationRecord, ...]:
+    return tuple(sorted(moves, key=lambda m: (-(m.end or 0.0), m.namespace, m.name))[:MOVES_KEPT])
+
+
+def _moves_index(records: Iterable[MigrationRecord]) -> tuple[dict, dict]:
+    by_source: dict[str, list[MigrationRecord]] = {}
+    by_target: dict[str, list[MigrationRecord]] = {}
+    for m in records:
+        if m.moved:
+            if m.source_node:
+                by_source.setdefault(m.source_node, []).append(m)
+            if m.target_node:
+                by_target.setdefault(m.target_node, []).append(m)
+    return ({n: _newest_first(ms) for n, ms in by_source.items()},
+            {n: _newest_first(ms) for n, ms in by_target.items()})
 
 
 def _nest(records: Iterable[Record]) -> dict[str, dict[str, Any]]:

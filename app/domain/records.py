@@ -26,14 +26,16 @@ DOMAIN_ANNOTATION = "kubevirt.io/domain"
 MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_IN_PROGRESS = "descheduler.alpha.kubernetes.io/eviction-in-progress"
 EVACUATION_MIGRATION = "kubevirt.io/evacuationMigration"
-# written by KubeVirt's eviction admitter on the VMI when the descheduler's eviction marked it
-EVICTION_SOURCE = "kubevirt.io/eviction-source"
 # KubeVirt copies it from the VM to the VMI and the launcher pod; the descheduler reads its presence
 PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
 # the guard's own per-VM overrides, read from the VMI
 COOLDOWN_OVERRIDE = "kubevirt-eviction-guard.io/migration-cooldown"
 EXEMPT_OVERRIDE = "kubevirt-eviction-guard.io/exempt"
 WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
+# KubeVirt writes it on the VMI when the descheduler's eviction marked it (removed once the migration completes)
+EVICTION_SOURCE = "kubevirt.io/eviction-source"
+DESCHEDULER_SOURCE = "descheduler"
+DESCHEDULER_PRIORITY = "system-maintenance"  # VMIM spec.priority of descheduler-caused evacuations (KubeVirt >= 1.7)
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -217,6 +219,11 @@ class MigrationRecord:
     @property
     def finished(self) -> bool:
         return self.phase in FINAL_PHASES
+
+    @property
+    def moved(self) -> bool:
+        """Succeeded with a known end and route: the VM left ``source_node`` for ``target_node``."""
+        return self.phase == "Succeeded" and self.end is not None and bool(self.source_node or self.target_node)
 
 
 def migration_from_object(obj: Any) -> MigrationRecord:

@@ -120,11 +120,18 @@ def effective_cooldown(last_duration: float | None, count: int, settings: Policy
     base = settings.migration_cooldown
     if last_duration is not None and last_duration > base:
         base = last_duration
+    return base, scaled_cooldown(settings.migration_cooldown, settings.max_migration_cooldown, last_duration, count)
+
+
+def scaled_cooldown(floor: float, cap: float, last_duration: float | None, count: int) -> float:
+    """max(floor, last_duration) x 2^(count - 1), at most ``cap`` (0: no cap). Also the node cooldowns' arithmetic."""
+    base = floor
+    if last_duration is not None and last_duration > base:
+        base = last_duration
     cooldown = base * (2 ** (max(count, 1) - 1))
-    cap = settings.max_migration_cooldown
     if cap > 0 and cooldown > cap:
         cooldown = cap
-    return base, cooldown
+    return cooldown
 
 
 def vm_settings(vmi: VMIRecord, settings: PolicySettings) -> PolicySettings:

@@ -24,6 +24,7 @@ from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
+from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
 from app.policy.steering import Ranking, rank
 from app.timefmt import format_duration
 
@@ -108,6 +109,16 @@ def decide(
         names = ", ".join(leaving[:MAX_NAMES]) + (", ..." if len(leaving) > MAX_NAMES else "")
         msg = f'node "{pod.node}" already has {len(leaving)} VM(s) leaving ({names}); retry after they finish'
         return _deny(Reason.NODE_BUSY, msg, dry, vmi, pod, leaving=tuple(leaving))
+    # 8b. the descheduler moved a VM off this node a short while ago
+    rest = source_cooldown(pod.node, view, now, settings)
+    if rest is not None and rest.active:
+        return _deny(Reason.NODE_COOLDOWN, _node_rest_text(rest, settings), dry, vmi, pod, remaining=rest.remaining,
+                     cooldown=rest)
+    # 8c. the descheduler moved a VM onto this node a short while ago
+    rest = target_cooldown(pod.node, view, now, settings)
+    if rest is not None and rest.active:
+        return _deny(Reason.TARGET_NODE_COOLDOWN, _node_rest_text(rest, settings), dry, vmi, pod,
+                     remaining=rest.remaining, cooldown=rest)
     # 9. cooldown
     state = cooldown_state(vmi, migrations, now, settings)
     if state is not None and state.active:
@@ -149,6 +160,25 @@ def decide(
 
 
 # ---- rule judgements ---------------------------------------------------------
+
+
+def source_cooldown(node: str, view: ClusterView, now: float, settings: PolicySettings) -> NodeCooldown | None:
+    """Rule 8b: the node's rest after the descheduler's last move off it (None: off, or no such move)."""
+    return node_cooldown(node, LEFT, view.moves_from(node), view, now, settings.node_cooldown,
+                         settings.node_cooldown_window, settings.max_node_cooldown)
+
+
+def target_cooldown(node: str, view: ClusterView, now: float, settings: PolicySettings) -> NodeCooldown | None:
+    """Rule 8c: the node's rest after the descheduler's last move onto it: evicting from it now is ping-pong.
+    With ``targetNodeCooldownChurnOnly`` only while the node also sent a VM away within that rest (it both
+    receives and sends: churn); a node that only receives, or only sends, is left to the descheduler."""
+    rest = node_cooldown(node, ARRIVED, view.moves_to(node), view, now, settings.target_node_cooldown,
+                         settings.node_cooldown_window, settings.max_node_cooldown)
+    if rest is None or not rest.active or not settings.target_node_cooldown_churn_only:
+        return rest
+    since = now - rest.cooldown
+    sent = any(m.end is not None and since < m.end <= now and descheduler_caused(m, view) for m in view.moves_from(node))
+    return rest if sent else None
 
 
 def steering_ranking(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings,
@@ -359,6 +389,22 @@ def _usage_problem(usage: UsageSnapshot, now: float) -> str:
         return "Prometheus returned no node scores"
     return (f"usage data from Prometheus is {format_duration(age)} old (limit {format_duration(usage.max_age)})"
             + (f"; last error: {usage.error}" if usage.error else ""))
+
+
+def _node_rest_text(rest: NodeCooldown, settings: PolicySettings) -> str:
+    m = rest.last
+    assert m.end is not None
+    moved = (f"VMI {m.namespace}/{m.vmi_name} left it for {m.target_node or '?'}" if rest.direction == LEFT
+             else f"VMI {m.namespace}/{m.vmi_name} arrived from {m.source_node or '?'}")
+    what = "node cooldown" if rest.direction == LEFT else (
+        "target-node cooldown" if not settings.target_node_cooldown_churn_only
+        else "target-node cooldown (it also sent a VM away: churn)")
+    moves = "move" if rest.count == 1 else "moves"
+    window = (f" ({rest.count} descheduler {moves} in the last {format_duration(settings.node_cooldown_window)})"
+              if settings.node_cooldown_window > 0 else "")
+    return (f'node "{rest.node}" is in {what}: {moved} {format_duration(rest.cooldown - rest.remaining)} ago '
+            f"(descheduler), cooldown {format_duration(rest.cooldown)}{window}, {format_duration(rest.remaining)} left; "
+            "choose a VM on another node")
 
 
 def _gain(points: float) -> str:

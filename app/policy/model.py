@@ -25,6 +25,8 @@ class Reason:
     EVACUATION_PENDING = "evacuation_pending"
     PREFER_NO_EVICTION = "prefer_no_eviction"
     NODE_BUSY = "node_busy"
+    NODE_COOLDOWN = "node_cooldown"
+    TARGET_NODE_COOLDOWN = "target_node_cooldown"
     COOLDOWN = "cooldown"
     METRICS_UNAVAILABLE = "metrics_unavailable"
     NO_GAIN = "no_gain"
@@ -49,6 +51,14 @@ class PolicySettings:
     steering_min_gain: float = 5.0  # best move must lower the higher of hot/target score by this much
     steering_margin: float = 5.0  # another VM must beat this one by more than this to hold it back
     honor_prefer_no_eviction: bool = True
+    # rules 8b/8c, node cooldowns (0 = off): floor, doubled per descheduler move of the node within
+    # node_cooldown_window (0 = never doubled), capped at max_node_cooldown (0 = no cap)
+    node_cooldown: float = 0.0
+    target_node_cooldown: float = 0.0
+    node_cooldown_window: float = 3600.0
+    max_node_cooldown: float = 3600.0
+    # rule 8c only while the node also sent a VM away (descheduler) within its target-node cooldown: churn
+    target_node_cooldown_churn_only: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -66,6 +66,7 @@ class RunData:
     redirected: int = 0
     stall_seconds: int = 0
     stall_by_vm: Counter = field(default_factory=Counter)  # stall seconds each failing VM held a cache entry through
+    longest_stall_seconds: int = 0  # the longest unbroken run of stalled cycles
     blocked_seconds: int = 0
     descheduler_cycles: int = 0
     active_cycles: int = 0
@@ -106,6 +107,7 @@ class Simulation:
         self.load_rng = Random(f"{seed}:load")
         self._queue: list = []
         self._seq = 0
+        self._stall_run = 0  # seconds of the current unbroken stall
         self.now = 0
         self.store = ClusterStore()
         placement = scenario.placement or initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
@@ -235,6 +237,7 @@ class Simulation:
         """Stall: an overutilised node, no new eviction, the limits full of in-flight
         entries, and one of them a VM whose evacuation keeps failing."""
         if not result.blocked_by_in_flight:
+            self._stall_run = 0
             return
         span = min(self.ds.interval, self.duration - now)
         self.data.blocked_seconds += span
@@ -245,6 +248,10 @@ class Simulation:
             self.data.stall_seconds += span
             for vm in stuck:
                 self.data.stall_by_vm[vm] += span
+            self._stall_run += span
+            self.data.longest_stall_seconds = max(self.data.longest_stall_seconds, self._stall_run)
+        else:
+            self._stall_run = 0
 
     def cancel_stuck(self, now: int) -> None:
         assert self.mode.canceller is not None

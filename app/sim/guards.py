@@ -28,7 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.domain.history import HISTORY_ANNOTATION, encode_history
 from app.domain.view import HEALTHY
+from app.effects.history import known_migrations, merge
+from app.policy.cooldown import vm_settings
 from app.policy import decide, effective_cooldown
 from app.policy.cancel import evacuations_to_cancel
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
@@ -67,6 +70,18 @@ GUARD_VARIANTS = {
     "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
     "guard-cancel": GuardVariant("the guard that also cancels stuck descheduler evacuations (evacuate/cancel)",
                                  cancel=True),
+    # issue 14's candidates: the default guard plus the settings named (bench/sim_candidates.sh measures them)
+    "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubled per departure within 1h, cap 1h",
+                                   {"nodeCooldown": "15m"}),
+    "guard-targetcool": GuardVariant("candidate 2: target-node cooldown (rule 8c) 15m, doubled within 1h, cap 1h",
+                                     {"targetNodeCooldown": "15m"}),
+    "guard-settle": GuardVariant("candidate 4a: node cooldown 5m, never doubled (a settle time after each departure)",
+                                 {"nodeCooldown": "5m", "nodeCooldownWindow": "0s"}),
+    "guard-longrest": GuardVariant("candidate 4b: node cooldown 60m, never doubled (one departure per node per hour)",
+                                   {"nodeCooldown": "60m", "nodeCooldownWindow": "0s"}),
+    "guard-churn": GuardVariant("candidate 4c: target-node cooldown 30m, only while the node also sent a VM (churn)",
+                                {"targetNodeCooldown": "30m", "nodeCooldownWindow": "0s",
+                                 "targetNodeCooldownChurnOnly": "true"}),
 }
 ALIASES = {"off": "upstream"}
 MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
@@ -133,6 +148,20 @@ class GuardWebhook:
         self.kv = kubevirt
         self.settings = settings
         self.prometheus = prometheus  # ModelledPrometheus: steering on
+        kubevirt.listeners.append(self._record_history)
+
+    def _record_history(self, m: Migration) -> None:
+        """The guard's history annotation (on by default in the product, app/effects/history.py), written
+        at once when a migration finishes: the cooldown count then outlives KubeVirt's 5 kept VMIMs."""
+        store, now = self.kv.store, EPOCH + (m.end or 0)
+        vmi = store.vmi(NAMESPACE, m.vmi.name)
+        if vmi is None:
+            return
+        known = known_migrations(vmi, store.migrations(NAMESPACE, vmi.name))
+        entries, adds = merge(vmi.history, known, now, vm_settings(vmi, self.settings))
+        if known and adds:
+            m.vmi.annotations[HISTORY_ANNOTATION] = encode_history(entries)
+            self.kv.publish_vmi(m.vmi)
 
     def check(self, pod: Pod, now: int, client: str) -> Answer | None:
         from_descheduler = client == DESCHEDULER

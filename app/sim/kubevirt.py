@@ -118,6 +118,7 @@ class VMI:
     vmims: list[Migration] = field(default_factory=list)  # retained VMIMs, oldest first
     failures_since_success: int = 0
     pod_serial: int = 0
+    annotations: dict = field(default_factory=dict)  # written by others: the guard's migration history
 
     @property
     def name(self) -> str:
@@ -151,6 +152,7 @@ class MigrationRun:
     target: str
     failed: bool
     failure: str = ""
+    copy_start: int | None = None  # migrationState.startTimestamp (None: never started copying)
 
 
 def migration_duration(memory: float, dirty_rate: float, bandwidth: float, s: KubeVirtSettings) -> tuple[int, bool]:
@@ -255,7 +257,7 @@ class KubeVirt:
             status["evacuationNodeName"] = v.evacuation_node
         if v.migration is not None and v.migration.copy_start is not None:
             status["migrationState"] = _state(v.migration)
-        annotations = {"kubevirt.io/eviction-source": "descheduler"} if v.from_descheduler else {}
+        annotations = {**v.annotations, **({"kubevirt.io/eviction-source": "descheduler"} if v.from_descheduler else {})}
         self.store.upsert(vmi_from_object({
             "metadata": {"name": v.name, "namespace": NAMESPACE, "uid": f"uid-vmi-{v.name}",
                          "creationTimestamp": ts(v.created), "annotations": annotations},
@@ -499,6 +501,7 @@ class KubeVirt:
         self.finished.append(MigrationRun(
             vm=vmi.name, cause=m.cause, created=m.created, start=m.start if m.start is not None else now, end=now,
             source=source.name, target=target.name if target else "", failed=failed, failure=failure,
+            copy_start=m.copy_start,
         ))
         old = vmi.pod
         if failed:

@@ -66,6 +66,7 @@ def summarize(d: RunData) -> dict:
         "drain_seconds": drain_seconds(d),
         "stall_seconds": d.stall_seconds,
         "stall_max_one_vm_seconds": max(d.stall_by_vm.values(), default=0),
+        "longest_stall_seconds": d.longest_stall_seconds,
         "blocked_by_in_flight_seconds": d.blocked_seconds,
         "max_leaving_per_node": d.max_leaving_per_node,
         "failed_migrations": sum(1 for r in runs if r.failed),
@@ -107,7 +108,7 @@ def series(d: RunData, step: int = 600) -> dict:
         ],
         "migrations": [
             {"vm": r.vm, "cause": r.cause, "start": r.start, "end": r.end, "source": r.source, "target": r.target,
-             "failed": r.failed, "failure": r.failure}
+             "failed": r.failed, "failure": r.failure, "copy_start": r.copy_start}
             for r in sorted(d.runs, key=lambda r: (r.start, r.vm))
         ],
     }

@@ -34,7 +34,8 @@ SIMPLIFICATIONS = (
     "scores; ties at random).",
     "API calls, watches and controllers are instantaneous, except that virt-controller sets the pod's "
     "eviction-in-progress annotation one second after the mark (so the descheduler's assumed entry comes "
-    "first, as in a cluster). The guard's store is always current.",
+    "first, as in a cluster). The guard's store is always current, and its migration-history annotation "
+    "is written the instant a migration finishes.",
     "The descheduler's pod informer sees an update of a launcher pod only when its eviction-in-progress "
     "annotation changes; other pod updates, which would re-add a lapsed entry as observed, are not modelled.",
     "Drains: kubectl drain (cordon) retries refused evictions every 5 s, cluster-autoscaler (taint "
@@ -71,7 +72,8 @@ ROWS = (
     ("stuck evacuations cancelled by the guard", "evacuations_cancelled", "{:.0f}"),
 )
 LISTED = tuple(k for _, k, _ in ROWS if "." not in k) + ("blocked_by_in_flight_seconds", "in_flight_counted_without_request",
-                                                          "vms_migrated", "policy_calls")
+                                                          "vms_migrated", "policy_calls",
+                                                          "longest_stall_seconds")
 
 
 def summary_json(scenario, seeds: list[int], modes: list[str], runs: dict, hours: float | None) -> dict:
@@ -201,11 +203,13 @@ def write_csv(runs: dict, out_dir: Path) -> list[Path]:
                 w.writerow([mode, seed, p["t"], p["score_std"], p["cpu_std"]])
     with migrations.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["mode", "seed", "vm", "cause", "start_s", "end_s", "source", "target", "failed", "failure"])
+        w.writerow(["mode", "seed", "vm", "cause", "start_s", "end_s", "source", "target", "failed", "failure",
+                    "copy_start_s"])
         for (seed, mode), (_, series, _) in sorted(runs.items()):
             for r in series["migrations"]:
                 w.writerow([mode, seed, r["vm"], r["cause"], r["start"], "" if r["end"] is None else r["end"],
-                            r["source"], r["target"], r["failed"], r["failure"]])
+                            r["source"], r["target"], r["failed"], r["failure"],
+                            "" if r.get("copy_start") is None else r["copy_start"]])
     return [spread, migrations]
 
 

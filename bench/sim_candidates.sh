@@ -1,0 +1,21 @@
+#!/bin/sh
+# Issue 14's candidate comparison: every default scenario x seeds 1-10 x the baselines, the default guard and
+# each candidate variant (app/sim/guards.py), then the README table (bench/sim_candidates.py).
+# About 900 runs of ~1.5 s CPU each: ~12 min on 2 workers. Usage: bench/sim_candidates.sh [OUT_DIR] [README]
+set -eu
+OUT=${1:-sim-candidates}
+README=${2:-README.md}
+PY=${PY:-.venv/bin/python}
+SEEDS=${SEEDS:-1-10}
+CANDIDATES="guard-nodecool guard-targetcool guard-settle guard-longrest guard-churn"
+MODES="upstream,profile,node-limit-1,upstream+guard,profile+guard"
+for c in $CANDIDATES; do MODES="$MODES,upstream+$c,profile+$c"; done
+SCENARIOS=""
+for s in reference-stress pilot failing-migrations drains mixed-sizes hourly; do
+  SCENARIOS="$SCENARIOS --scenario examples/scenarios/$s.yaml"
+done
+CMD="simulate$SCENARIOS --seeds $SEEDS --modes $MODES --jobs 2 --out $OUT --format csv"
+# shellcheck disable=SC2086
+nice "$PY" -m app $CMD > "$OUT.log"
+"$PY" -m bench.sim_candidates --dir "$OUT" --readme "$README" --command "kubevirt-eviction-guard $CMD" > "$OUT.md"
+echo "wrote $OUT/, $OUT.md and the table in $README"
