@@ -1,13 +1,13 @@
 #!/bin/sh
 # Issue 14's candidate comparison: every default scenario x seeds 1-10 x the baselines, the default guard and
 # each candidate variant (app/sim/guards.py), then the README table (bench/sim_candidates.py).
-# About 900 runs of ~1.5 s CPU each: ~12 min on 2 workers. Usage: bench/sim_candidates.sh [OUT_DIR] [README]
+# About 1,000 runs of ~1.5 s CPU each: ~6 min on 2 workers. Usage: bench/sim_candidates.sh [OUT_DIR] [README]
 set -eu
 OUT=${1:-sim-candidates}
 README=${2:-README.md}
 PY=${PY:-.venv/bin/python}
 SEEDS=${SEEDS:-1-10}
-CANDIDATES="guard-nodecool guard-targetcool guard-settle guard-longrest guard-churn"
+CANDIDATES="guard-cancel guard-nodecool guard-targetcool guard-settle guard-longrest guard-churn"
 MODES="upstream,profile,node-limit-1,upstream+guard,profile+guard"
 for c in $CANDIDATES; do MODES="$MODES,upstream+$c,profile+$c"; done
 SCENARIOS=""

@@ -36,6 +36,7 @@ WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
 EVICTION_SOURCE = "kubevirt.io/eviction-source"
 DESCHEDULER_SOURCE = "descheduler"
 DESCHEDULER_PRIORITY = "system-maintenance"  # VMIM spec.priority of descheduler-caused evacuations (KubeVirt >= 1.7)
+DRAIN_PRIORITY = "system-critical"  # VMIM spec.priority of any other evacuation: a drain
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"

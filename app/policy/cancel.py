@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from app.domain.records import VMIRecord
+from app.domain.records import DRAIN_PRIORITY, VMIRecord
 from app.domain.view import ClusterView
 from app.policy.cooldown import relevant_migrations
-from app.policy.decide import PRIORITY_DRAIN, StuckEvacuation, stuck_evacuation
+from app.policy.decide import StuckEvacuation, stuck_evacuation
 from app.policy.model import PolicySettings
 
 
@@ -29,7 +29,7 @@ def evacuations_to_cancel(vmis: Iterable[VMIRecord], view: ClusterView, now: flo
         if node is None or node.draining:
             continue  # never cancel what may be a drain; an unknown node is not known not to be one
         migrations = relevant_migrations(vmi, view.migrations(vmi.namespace, vmi.name))
-        if any(m.priority == PRIORITY_DRAIN for m in migrations if not m.finished):
+        if any(m.priority == DRAIN_PRIORITY for m in migrations if not m.finished):
             continue
         stuck = stuck_evacuation(vmi, migrations, node, now, settings)
         if stuck is not None and stuck.marked:

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from app.domain.kinds import NODE, POD, VMI, VMIM
 from app.domain.records import (
+    DESCHEDULER_PRIORITY,
+    DESCHEDULER_SOURCE,
+    DRAIN_PRIORITY,
     EXEMPT_OVERRIDE,
     PREFER_NO_EVICTION,
     LauncherPod,
@@ -30,7 +33,6 @@ from app.timefmt import format_duration
 
 COMPLETED_PHASES = ("Succeeded", "Failed")
 BACKGROUND_TEXT = 'Evacuation in progress: Eviction triggered evacuation of VMI "{ns}/{name}"'
-PRIORITY_DESCHEDULER, PRIORITY_DRAIN = "system-maintenance", "system-critical"  # VMIM spec.priority (KubeVirt >= 1.7)
 MAX_NAMES = 5
 
 
@@ -339,9 +341,9 @@ def evacuation_episode(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
 def is_descheduler_caused(vmi: VMIRecord, episode: Sequence[MigrationRecord]) -> bool:
     """The descheduler's eviction marked the VM: VMI annotation ``kubevirt.io/eviction-source:
     descheduler`` or a ``system-maintenance`` VMIM, and no ``system-critical`` one (a drain's)."""
-    if any(m.priority == PRIORITY_DRAIN for m in episode):
+    if any(m.priority == DRAIN_PRIORITY for m in episode):
         return False
-    return vmi.eviction_source == "descheduler" or any(m.priority == PRIORITY_DESCHEDULER for m in episode)
+    return vmi.eviction_source == DESCHEDULER_SOURCE or any(m.priority == DESCHEDULER_PRIORITY for m in episode)
 
 
 def stuck_evacuation(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: NodeRecord | None, now: float,
