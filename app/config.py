@@ -26,7 +26,8 @@ DURATIONS = {
     "maxNodeCooldown": "max_node_cooldown",
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
-BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction", "targetNodeCooldownChurnOnly": "target_node_cooldown_churn_only"}
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction",
+         "targetNodeCooldownChurnOnly": "target_node_cooldown_churn_only"}
 SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS,
                  "evacuationStaleAfterFailures")
 MAX_STALE_FAILURES = 5  # KubeVirt keeps the 5 most recent finished VMIMs per VMI: more could never be counted
@@ -68,6 +69,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _integer(values: dict, name: str) -> int:
+    """A whole number (an int, or a float without a fraction); booleans and text are refused."""
+    raw = values[name]
+    try:
+        number = int(raw)
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}: must be an integer, got {raw!r}") from None
+    return number
+
+
 def build_settings(values: dict[str, Any]) -> PolicySettings:
     """Settings from a mapping keyed by the camelCase names (file, then flags on top)."""
     kwargs: dict[str, Any] = {}
@@ -94,24 +107,12 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
             raise SettingsError("deschedulerUsers: must be a list of usernames")
         kwargs["descheduler_users"] = frozenset(users)
     if values.get("pendingEvacuationsPerNode") is not None:
-        raw = values["pendingEvacuationsPerNode"]
-        try:
-            budget = int(raw)
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-        except (TypeError, ValueError):
-            raise SettingsError(f"pendingEvacuationsPerNode: must be an integer, got {raw!r}") from None
+        budget = _integer(values, "pendingEvacuationsPerNode")
         if budget < 0:
             raise SettingsError(f"pendingEvacuationsPerNode: must not be negative, got {budget}")
         kwargs["pending_evacuations_per_node"] = budget
     if values.get("evacuationStaleAfterFailures") is not None:
-        raw = values["evacuationStaleAfterFailures"]
-        try:
-            failures = int(raw)
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-        except (TypeError, ValueError):
-            raise SettingsError(f"evacuationStaleAfterFailures: must be an integer, got {raw!r}") from None
+        failures = _integer(values, "evacuationStaleAfterFailures")
         if not 0 <= failures <= MAX_STALE_FAILURES:
             raise SettingsError(
                 f"evacuationStaleAfterFailures: must be between 0 (off) and {MAX_STALE_FAILURES} (KubeVirt keeps only "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.cluster.store import ClusterStore
 from app.domain.records import migration_from_object, node_from_object, pod_from_object, vmi_from_object
+from app.domain.usage import UsageSnapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NOW_DT = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
@@ -118,14 +119,14 @@ def store_of(*objects: dict) -> ClusterStore:
 GIB = float(1 << 30)
 
 
-def usage_snapshot(age: float = 30, hot: str = "worker-a", max_age: float = 90) -> "UsageSnapshot":
+def usage_snapshot(age: float = 30, hot: str = "worker-a", max_age: float = 90) -> UsageSnapshot:
     """Prometheus usage as rule 10 reads it: ``hot`` at 75% CPU (with some CPU pressure) and 55% memory,
     worker-b at 45% / 45%, cordoned worker-c idle (never a target); 64 cores and 256 GiB each.
     VMs on ``hot``: db (2 cores, 8 GiB), web (6 cores, 8 GiB), big (12 cores, 16 GiB);
     predicted gains 11, 30 and 36 points (tests/test_steering.py checks them)."""
     from types import MappingProxyType
 
-    from app.domain.usage import NodeUsage, UsageSnapshot, VMUsage
+    from app.domain.usage import NodeUsage, VMUsage
 
     cap = {"cpu_cores": 64.0, "memory_bytes": 256 * GIB}
     nodes = {

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from app.domain.history import HISTORY_ANNOTATION, encode_history
 from app.domain.view import HEALTHY
 from app.effects.history import known_migrations, merge
-from app.policy.cooldown import vm_settings
 from app.policy import decide, effective_cooldown
 from app.policy.cancel import evacuations_to_cancel
+from app.policy.cooldown import vm_settings
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
 
