@@ -201,29 +201,35 @@ def descheduler_review(pod_name: str) -> dict:
     return review
 
 
-def test_prefer_no_eviction_denial_over_the_wire(client) -> None:
-    r = post(client, descheduler_review("virt-launcher-shy"))
+def admin_review(pod_name: str) -> dict:
+    """The same eviction without requested-by: an admin's."""
+    review = base_review()
+    review["request"]["name"] = pod_name
+    return review
+
+
+def plain_denial(r, reason: str) -> dict:
+    """A 429 the descheduler reads as "try the next candidate": never retryAfterSeconds, never the
+    background text (which it would count as an eviction running). Returns the response."""
     assert "retryAfterSeconds" not in r.text
     resp = r.json()["response"]
-    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == "prefer_no_eviction"
+    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == reason
     assert (resp["status"]["code"], resp["status"]["reason"]) == (429, "TooManyRequests")
+    assert "Eviction triggered evacuation" not in resp["status"]["message"]
+    return resp
+
+
+def test_prefer_no_eviction_denial_over_the_wire(client) -> None:
+    resp = plain_denial(post(client, descheduler_review("virt-launcher-shy")), "prefer_no_eviction")
     assert "prefers not to be evicted by the descheduler" in resp["status"]["message"]
-    assert "Eviction triggered evacuation" not in resp["status"]["message"]  # not counted as running in the background
-    plain = base_review()  # no requested-by: an admin's eviction is not held back by the annotation
-    plain["request"]["name"] = "virt-launcher-shy"
+    plain = admin_review("virt-launcher-shy")  # an admin's eviction is not held back by the annotation
     assert post(client, plain).json()["response"]["auditAnnotations"]["reason"] == "allowed"
 
 
 def test_stuck_evacuation_denial_over_the_wire(client) -> None:
-    r = post(client, descheduler_review("virt-launcher-stuck"))
-    assert "retryAfterSeconds" not in r.text
-    resp = r.json()["response"]
-    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == "evacuation_stuck"
-    assert (resp["status"]["code"], resp["status"]["reason"]) == (429, "TooManyRequests")
+    resp = plain_denial(post(client, descheduler_review("virt-launcher-stuck")), "evacuation_stuck")
     assert 'the evacuation of VMI "vms/stuck" from node "worker-c" is stuck (3 failed attempts' in resp["status"]["message"]
-    assert "Eviction triggered evacuation" not in resp["status"]["message"]  # the descheduler moves on, counts nothing
-    plain = base_review()  # an admin's eviction of the same VM still gets KubeVirt's background text
-    plain["request"]["name"] = "virt-launcher-stuck"
+    plain = admin_review("virt-launcher-stuck")  # an admin's eviction of the same VM still gets the background text
     resp = post(client, plain).json()["response"]
     assert resp["auditAnnotations"]["reason"] == "evacuation_pending"
     assert "Evacuation in progress: Eviction triggered evacuation" in resp["status"]["message"]
@@ -319,16 +325,10 @@ def cooling_client(tmp_path_factory):
      'node "worker-y" is in target-node cooldown: VMI vms/came arrived from worker-z'),
 ])
 def test_node_cooldowns_over_the_wire(cooling_client, pod_name, reason, text) -> None:
-    r = post(cooling_client, descheduler_review(pod_name))
-    assert "retryAfterSeconds" not in r.text
-    resp = r.json()["response"]
-    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == reason
-    assert (resp["status"]["code"], resp["status"]["reason"]) == (429, "TooManyRequests")
+    resp = plain_denial(post(cooling_client, descheduler_review(pod_name)), reason)
     assert text in resp["status"]["message"] and "choose a VM on another node" in resp["status"]["message"]
-    assert "Eviction triggered evacuation" not in resp["status"]["message"]  # the descheduler tries its next candidate
     assert resp["auditAnnotations"]["remaining-seconds"] == "600"
-    plain = base_review()  # an admin's eviction is not held back (cooldownScope: descheduler)
-    plain["request"]["name"] = pod_name
+    plain = admin_review(pod_name)  # an admin's eviction is not held back (cooldownScope: descheduler)
     assert post(cooling_client, plain).json()["response"]["auditAnnotations"]["reason"] == "allowed"
     metrics = cooling_client.get("/metrics").text
     assert f'kubevirt_eviction_guard_decisions_total{{decision="denied",reason="{reason}"}}' in metrics
