@@ -32,7 +32,7 @@ def evacuations_to_cancel(vmis: Iterable[VMIRecord], view: ClusterView, now: flo
         if any(m.priority == DRAIN_PRIORITY for m in migrations if not m.finished):
             continue
         stuck = stuck_evacuation(vmi, migrations, node, now, settings)
-        if stuck is not None and stuck.marked:
+        if stuck is not None:
             out.append(stuck)
     out.sort(key=lambda s: (s.namespace, s.name))
     return out

@@ -322,7 +322,6 @@ class StuckEvacuation:
     age: float | None  # seconds since the episode began; None if unknown
     why: str
     running: bool  # an attempt is queued or running now (cancel does not abort it)
-    marked: bool  # status.evacuationNodeName is set (else only a retry VMIM is left, e.g. after a cancel)
 
 
 def evacuation_episode(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str) -> list[MigrationRecord]:
@@ -372,7 +371,7 @@ def stuck_evacuation(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node
     else:
         return None
     running = any(not m.finished for m in migrations) or (vmi.migration is not None and vmi.migration.in_flight)
-    return StuckEvacuation(vmi.namespace, vmi.name, source, failures, age, why, running, bool(vmi.evacuation_node))
+    return StuckEvacuation(vmi.namespace, vmi.name, source, failures, age, why, running)
 
 
 # ---- helpers -----------------------------------------------------------------
