@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench bench-watch reliability
+.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ run: $(STAMP) certs/tls.crt
 test: $(STAMP)
 	$(PY) -m pytest
 
+# The documentation site (docs/, mkdocs.yml), strict: a broken link or anchor fails. Output: build/site.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+	@echo "built build/site/index.html"
+
 # Optional: coverage-guided fuzzing with atheris (libFuzzer), 60 s per target; corpus seeded from the fixtures.
 fuzz: $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check 'atheris>=2.3'
@@ -50,7 +55,7 @@ clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
 
 # The simulator's comparison of upstream / profile / node-limit-1 / guard modes on the built-in scenarios,
-# 5 seeds each, on 2 worker processes; writes sim-out/SCENARIO/{summary.json,*.png} and README.md's section.
+# 5 seeds each, on 2 worker processes; writes sim-out/SCENARIO/{summary.json,*.png} and the section in docs/simulator.md.
 SCENARIOS = $(addprefix examples/scenarios/,reference-stress.yaml pilot.yaml failing-migrations.yaml drains.yaml \
             mixed-sizes.yaml hourly.yaml)
 SIM_STAMP = $(VENV)/.sim-installed-stamp
@@ -62,7 +67,7 @@ $(SIM_STAMP): $(STAMP)
 
 simulate: $(SIM_STAMP)
 	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out \
-	  --readme README.md
+	  --readme docs/simulator.md
 
 # Pins for the container image: the working virtualenv, frozen (the Dockerfile installs with --constraint).
 constraints: $(STAMP)
@@ -90,3 +95,7 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# Write the newest three `make bench` results into docs/performance.md (between its bench markers).
+bench-doc: $(STAMP)
+	$(PY) -m bench.doc $$(ls -1 bench/results/bench-*.json | tail -n 3) --doc docs/performance.md

@@ -16,7 +16,7 @@ from app.tls import TLSError
 
 def _policy_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("policy settings (override --config)")
-    g.add_argument("--config", metavar="FILE", help="YAML file with policy settings (design.md names)")
+    g.add_argument("--config", metavar="FILE", help="YAML file with policy settings (names as in docs/decisions.md)")
     for name in SETTING_NAMES:
         kind = "Go duration" if name in DURATIONS else ("comma-separated" if name == "deschedulerUsers" else
                                                         "true|false" if name in BOOLS else "")

@@ -438,7 +438,7 @@ def fmt(v: float | None, digits: int = 2) -> str:
 
 
 def table(s: dict, decide: dict, rates: list[str]) -> str:
-    """The results as a Markdown table (printed, and pasted into the README)."""
+    """The results as a Markdown table (printed, and written into docs/performance.md by bench.doc)."""
     g, b, st, f, r = s["guard"], s["baseline"], s["stack"], s["floor"], s["ratios"]
     rows = [("requests/s at saturation", fmt(g["saturation_rps"], 0), fmt(b["saturation_rps"], 0),
              fmt(r["throughput"]), fmt(st["saturation_rps"], 0), fmt(f["saturation_rps"], 0)),

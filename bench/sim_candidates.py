@@ -5,7 +5,7 @@ drain time, and the guard's invariants (VM cooldown, node budget, longest stall)
 mean (min–max) over seeds; then, for every guard mode, the issue's goals checked against
 its baseline and against ``node-limit-1``.
 
-    python -m bench.sim_candidates --dir sim-candidates [--readme README.md]
+    python -m bench.sim_candidates --dir sim-candidates [--readme docs/simulator.md]
 
 The VM-cooldown check is independent of the guard's code path: from the migration
 timeline (migrations.csv), a descheduler-caused migration that *started* before the

@@ -1,10 +1,10 @@
 #!/bin/sh
 # Issue 14's candidate comparison: every default scenario x seeds 1-10 x the baselines, the default guard and
-# each candidate variant (app/sim/guards.py), then the README table (bench/sim_candidates.py).
-# About 1,000 runs of ~1.5 s CPU each: ~6 min on 2 workers. Usage: bench/sim_candidates.sh [OUT_DIR] [README]
+# each candidate variant (app/sim/guards.py), then the table in docs/simulator.md (bench/sim_candidates.py).
+# About 1,000 runs of ~1.5 s CPU each: ~6 min on 2 workers. Usage: bench/sim_candidates.sh [OUT_DIR] [DOC]
 set -eu
 OUT=${1:-sim-candidates}
-README=${2:-README.md}
+README=${2:-docs/simulator.md}
 PY=${PY:-.venv/bin/python}
 SEEDS=${SEEDS:-1-10}
 CANDIDATES="guard-cancel guard-nodecool guard-targetcool guard-settle guard-longrest guard-churn"

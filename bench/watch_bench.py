@@ -20,7 +20,7 @@ Printed:
   * live: the fake makes N changes while the loops consume them; bounded by the
     producer on a 2-core machine, shown for context.
 
-Targets (issue 3): ready < 30 s, RSS < 400 MB, >= 20,000 events/s.
+Targets: ready < 30 s, RSS < 400 MB, >= 20,000 events/s.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The import graph points one way (README, "Layout").
+"""The import graph points one way (docs/design.md, "Layout").
 
 domain is a leaf; policy reads only domain; cluster and admission read policy and
 domain; nothing but ``app.__main__`` imports the command line. Leaf utilities

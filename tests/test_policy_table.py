@@ -1,4 +1,4 @@
-"""The decision table of design.md, one row per situation, checkable line by line.
+"""The decision table of docs/decisions.md, one row per situation, checkable line by line.
 
 Each row: the cluster objects, who evicts which pod, the settings, and the
 expected (allowed, reason, text in the message). Times are minutes before NOW.

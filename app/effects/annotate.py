@@ -24,7 +24,7 @@ after a failed migration while the VMI stayed marked. The guard then re-adds
 so the state justifies it), which keeps the descheduler counting the VM as in
 flight while KubeVirt's evacuation controller retries: that is the v1.7
 behaviour, and what stops the descheduler from evicting a second VM from the
-node (README, "the annotation").
+node (docs/operations.md, "The eviction-in-progress annotation").
 
 Trust: the AdmissionReview only names the pod. When the job runs, it re-reads
 pod, VMI and migrations from the store and writes only if *they* justify the

@@ -1,4 +1,4 @@
-"""The decision table of design.md, rule by rule, first match wins.
+"""The decision table of docs/decisions.md, rule by rule, first match wins.
 
 ``decide`` reads like the table; each rule's judgement is a small function
 below it. Nothing here does I/O or reads a clock: the cluster view, the time

@@ -12,7 +12,7 @@ SCOPE_ALL = "all"
 
 
 class Reason:
-    """Reason labels of the decision table (design.md), in table order."""
+    """Reason labels of the decision table (docs/decisions.md), in table order."""
 
     NOT_AN_EVICTION = "not_an_eviction"
     CACHE_NOT_READY = "cache_not_ready"

@@ -21,7 +21,7 @@ A mode is a *baseline* (how the descheduler is set up) optionally followed by
 A new baseline or guard variant is one entry in ``BASELINES`` or
 ``GUARD_VARIANTS``. A variant's settings are the guard's defaults, then the
 scenario's ``guard:`` block, then ``--guard-set`` from the command line, then
-the variant's own overrides (design.md names, as in ``--config``).
+the variant's own overrides (setting names as in ``--config``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Baseline:
 @dataclass(frozen=True)
 class GuardVariant:
     description: str
-    settings: dict = field(default_factory=dict)  # design.md names, applied last
+    settings: dict = field(default_factory=dict)  # setting names, applied last
     steering: bool = False  # rule 10, fed by app.sim.prometheus.ModelledPrometheus
     cancel: bool = False  # the guard cancels stuck descheduler evacuations (--cancel-stuck-evacuations)
 
@@ -70,7 +70,7 @@ GUARD_VARIANTS = {
     "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
     "guard-cancel": GuardVariant("the guard that also cancels stuck descheduler evacuations (evacuate/cancel)",
                                  cancel=True),
-    # issue 14's candidates: the default guard plus the settings named (bench/sim_candidates.sh measures them)
+    # the node-cooldown variants: the default guard plus the settings named (bench/sim_candidates.sh measures them)
     "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubled per departure within 1h, cap 1h",
                                    {"nodeCooldown": "15m"}),
     "guard-targetcool": GuardVariant("candidate 2: target-node cooldown (rule 8c) 15m, doubled within 1h, cap 1h",
@@ -236,6 +236,6 @@ class Mode:
 
 
 def guard_settings_for(spec: ModeSpec, raw: dict, overrides: dict) -> dict:
-    """The design.md settings a guard variant runs with (scenario, CLI, variant)."""
+    """The settings a guard variant runs with (scenario, CLI, variant)."""
     assert spec.guard is not None
     return {**raw, **overrides, **spec.guard.settings}

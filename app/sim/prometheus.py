@@ -17,7 +17,7 @@ What the guard would read, with the errors it would have in a cluster:
   would have recorded); the workers' averages are the mean over all nodes, as the
   model's score takes them.
 
-The noise levels are assumptions, not measurements; the README says so.
+The noise levels are assumptions, not measurements; docs/steering.md says so.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What a simulation tells a person: ``summary.json``, a Markdown table per scenario (mean and
 min-max over seeds, per mode), a plain comparison of the guard with each baseline, plots, CSV,
-and the README section.
+and the section in docs/simulator.md.
 
-The same Markdown goes to the terminal and into the README. JSON holds every
+The same Markdown goes to the terminal and into docs/simulator.md. JSON holds every
 number and nothing that varies between runs of the same seed (no wall-clock
 time). Plots need matplotlib (the ``sim`` extra) and are skipped, with a note,
 when it is not installed.

@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("json", "csv"), default="json", help="csv: also write the time series")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--guard-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a guard setting (design.md name) for the guard modes; repeatable")
+                   help="a guard setting (its --config name) for the guard modes; repeatable")
     p.add_argument("--snapshot", metavar="DUMP",
                    help="start from a cluster dump (kubectl get vmi,vmim,pods,nodes -A -o yaml); load from the scenario")
     p.add_argument("--readme", metavar="FILE", help="write the comparison into this README between its markers")

@@ -2,7 +2,7 @@
 
 A scenario is YAML (see ``examples/scenarios/``). Durations are written the Go
 way (``90s``, ``15m``, ``1h``) or as plain seconds. The guard's settings use the
-names of its ``--config`` file (design.md) and go through the same parser and
+names of its ``--config`` file (docs/decisions.md) and go through the same parser and
 validation, so a scenario that runs is a configuration that would start.
 Every mistake raises ``ScenarioError`` naming the file and the key.
 """
@@ -412,7 +412,7 @@ def scenario_with_seed(data: Any, source: str, seed: int | None = None) -> Scena
 
 
 def guard_settings(raw: dict, source: str = "guard") -> PolicySettings:
-    """The guard's settings from design.md names (scenario block, CLI overrides, variant)."""
+    """The guard's settings by their --config names (scenario block, CLI overrides, variant)."""
     try:
         unknown = sorted(set(raw) - set(SETTING_NAMES))
         if unknown:
