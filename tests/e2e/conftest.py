@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cluster import Cluster
 from tests.e2e.controlplane import BIN, ROOT, ControlPlane, binary_version, missing_binaries
+from tests.e2e.guard import GuardProcess, Installation, install_chart
 
 SUMMARY = Path(os.environ.get("E2E_SUMMARY") or ROOT / "build" / "e2e" / "summary.json")
 OUTCOME = SUMMARY.with_name("outcome.json")
@@ -57,8 +59,31 @@ def e2e_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def control_plane(binaries: Path, e2e_dir: Path) -> Iterator[ControlPlane]:
     cp = ControlPlane(e2e_dir / "control-plane", binaries).start()
-    yield cp
-    cp.stop()
+    try:
+        cp.install_crds()
+        yield cp
+    finally:
+        cp.stop()
+
+
+# The chart values every test shares: the canceller on, so that its evacuate/cancel rule is rendered and exercised.
+CHART_VALUES = {"cancelStuckEvacuations": {"enabled": True}}
+
+
+@pytest.fixture(scope="session")
+def installation(control_plane: ControlPlane, e2e_dir: Path) -> Installation:
+    """The chart, installed once per session by ``helm install`` (tests/e2e/guard.py)."""
+    return install_chart(control_plane, e2e_dir / "chart", values=CHART_VALUES)
+
+
+@pytest.fixture(scope="session")
+def guard(installation: Installation) -> Iterator[GuardProcess]:
+    """The guard as a local process with the chart's args, config and ServiceAccount token; ready (every kind listed)."""
+    g = GuardProcess(installation).start()
+    try:
+        yield g
+    finally:
+        g.stop()
 
 
 @pytest.fixture
@@ -102,3 +127,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         summary["outcome"] = json.loads(OUTCOME.read_text())
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+@pytest.fixture(scope="session")
+def cluster(control_plane: ControlPlane, guard: GuardProcess) -> Cluster:
+    """Objects, evictions and the audit log of the control plane, synced against the session's guard."""
+    return Cluster(control_plane, guard)

@@ -10,6 +10,11 @@ Departures from a production API server, each because nothing here would do that
 admission plugin is off (no controller creates a namespace's ``default`` ServiceAccount, so pods could not be
 created); the API server does not compact etcd on its own (``--etcd-compaction-interval=0``): a test compacts it
 when it wants a watch to fall behind (``compact_etcd``).
+
+An audit log (``audit.log``, level Metadata for every request, JSON lines) records who did what and what the
+authorizer and the admission webhooks said about it (``audit_events``): the RBAC check reads the guard's own calls
+from it, the eviction checks the webhook's audit annotations. ``install_crds`` registers the KubeVirt and
+KubeDescheduler CRDs of ``tests/e2e/crds`` (envtest's ``CRDDirectoryPaths``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -35,6 +41,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("E2E_BIN") or ROOT / "build" / "e2e" / "bin")
 BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm")
+CRDS = Path(__file__).resolve().parent / "crds"
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata"}]}
 
 
 def missing_binaries(bin_dir: Path = BIN) -> list[str]:
@@ -176,6 +185,8 @@ class ControlPlane:
         self.admin_kubeconfig = write_kubeconfig(self.dir / "admin.kubeconfig", self.url, self.ca_path,
                                                  cert=self._write("admin.crt", admin),
                                                  key=self._write("admin.key", admin_key), user="e2e-admin")
+        self.audit_log = self.dir / "audit.log"
+        self._write("audit-policy.yaml", json.dumps(AUDIT_POLICY).encode())
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self._write("sa.key", _pem_key(sa_key))
         self._write("sa.pub", sa_key.public_key().public_bytes(serialization.Encoding.PEM,
@@ -202,6 +213,8 @@ class ControlPlane:
             "--service-cluster-ip-range", "10.96.0.0/16",
             "--disable-admission-plugins", "ServiceAccount",
             "--allow-privileged=true",
+            "--audit-policy-file", str(self.dir / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
+            "--audit-log-format", "json", "--audit-log-mode", "blocking",
             *extra_args,
         ], self.dir / "kube-apiserver.log")
 
@@ -257,6 +270,50 @@ class ControlPlane:
         ctx = ssl.create_default_context(cafile=str(self.ca_path))
         ctx.load_cert_chain(str(self.dir / "admin.crt"), str(self.dir / "admin.key"))
         return httpx.Client(base_url=self.url, verify=ctx, **kw)
+
+    def api_client(self):
+        """A ``kubernetes`` ApiClient authenticated as the admin (what the guard itself uses, from a kubeconfig)."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.admin_kubeconfig), client_configuration=cfg, persist_config=False)
+        return client.ApiClient(cfg)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+        """The built kubectl, as the admin (or ``kubeconfig``); raises with its output when it fails and ``check``."""
+        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.admin_kubeconfig), *args]
+        out = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[3:])} exited {out.returncode}:\n{out.stdout}{out.stderr}")
+        return out
+
+    def install_crds(self, directory: Path = CRDS, timeout: float = 60) -> list[str]:
+        """``kubectl apply`` every CRD in ``directory`` and wait until each is Established and served."""
+        files = sorted(directory.glob("*.yaml"))
+        names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
+        self.kubectl("apply", "--server-side", *[a for f in files for a in ("-f", str(f))])
+        self.kubectl("wait", "--for=condition=Established", "--timeout", f"{int(timeout)}s",
+                     *[f"crd/{n}" for n in names], timeout=timeout + 10)
+        return names
+
+    def audit_events(self, user: str | None = None) -> list[dict]:
+        """The audit log's ResponseComplete events so far (of ``user`` only, if given)."""
+        events = []
+        try:
+            text = self.audit_log.read_text()
+        except FileNotFoundError:
+            return events
+        for line in text.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # the line being written
+            if ev.get("stage") != "ResponseComplete":
+                continue
+            if user is None or ev.get("user", {}).get("username") == user:
+                events.append(ev)
+        return events
 
     def token_kubeconfig(self, token: str, name: str) -> Path:
         return write_kubeconfig(self.dir / f"{name}.kubeconfig", self.url, self.ca_path, token=token, user=name)
