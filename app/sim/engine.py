@@ -95,8 +95,11 @@ def initial_placement(nodes: list[Node], vms: list[VM], rng: Random) -> list[int
 
 
 class Simulation:
+    """``draw`` > 0 re-seeds the streams of chance that are not the workload (the descheduler's candidate order,
+    KubeVirt's failures and target ties): the same cluster and load, another roll of the dice."""
+
     def __init__(self, scenario: Scenario, mode: str, hours: float | None = None,
-                 guard_overrides: dict | None = None) -> None:
+                 guard_overrides: dict | None = None, draw: int = 0) -> None:
         self.sc = scenario
         spec = parse_mode(mode)
         self.duration = int((hours if hours is not None else scenario.hours) * 3600)
@@ -111,7 +114,8 @@ class Simulation:
         self.now = 0
         self.store = ClusterStore()
         placement = scenario.placement or initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
-        self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{seed}:kubevirt"),
+        chance = f"{seed}" if draw == 0 else f"{seed}:draw{draw}"
+        self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{chance}:kubevirt"),
                            self._kubevirt_schedule)
         if scenario.history_hook is not None:
             scenario.history_hook(self.kv)
@@ -128,7 +132,7 @@ class Simulation:
         if spec.baseline.eviction_limit_node is not None:
             ds = dataclasses.replace(ds, eviction_limit_node=spec.baseline.eviction_limit_node)
         self.ds = ds
-        self.desched = Descheduler(ds, self.kv, self.mode.admit, self.mode.pre_filter, Random(f"{seed}:descheduler"))
+        self.desched = Descheduler(ds, self.kv, self.mode.admit, self.mode.pre_filter, Random(f"{chance}:descheduler"))
         self._cycle_generation = 0
         self.data = RunData(
             mode=mode, duration=self.duration, vm_count=len(self.vms), sample_interval=scenario.sample_interval,
@@ -321,5 +325,6 @@ def _pstdev(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
-def simulate(scenario: Scenario, mode: str, hours: float | None = None, guard_overrides: dict | None = None) -> RunData:
-    return Simulation(scenario, mode, hours, guard_overrides).run()
+def simulate(scenario: Scenario, mode: str, hours: float | None = None, guard_overrides: dict | None = None,
+             draw: int = 0) -> RunData:
+    return Simulation(scenario, mode, hours, guard_overrides, draw).run()
