@@ -194,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [dataclasses.asdict(r) for r in runs],
             "pending_at_end": len(kv.pending),
             "admissions": list(admitter.records),
-            "max_leaving_per_node": kv.max_marked_on_one_node,
-            "concurrent_evacuations": kv.concurrent_evacuations,
+            "max_leaving_per_node": kv.max_leaving,
             "foreign_annotations": list(foreign),
             "scores": scores_log,
         }

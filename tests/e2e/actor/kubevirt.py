@@ -30,7 +30,7 @@ from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from app.domain.records import EVICTION_IN_PROGRESS
-from app.sim.kubevirt import NAMESPACE, PRIORITY_NAMES, KubeVirt, Migration, Pod, VMI
+from app.sim.kubevirt import NAMESPACE, PRIORITY_NAMES, VMI, KubeVirt, Migration, Pod
 from app.timefmt import format_timestamp
 from tests.e2e.objects import KUBEVIRT, KubeObjects
 
@@ -160,7 +160,7 @@ class Writer:
 class _VMIMDeletes:
     """The ``store`` the model deletes retained VMIMs from: here, a DELETE on the API server."""
 
-    def __init__(self, kv: "RealKubeVirt") -> None:
+    def __init__(self, kv: RealKubeVirt) -> None:
         self.kv = kv
 
     def delete(self, kind: str, key: tuple[str, str]) -> None:
@@ -176,6 +176,7 @@ class RealKubeVirt(KubeVirt):
         self._transitions: dict[str, list[dict]] = {}
         self._source_pods: dict[str, str] = {}  # VMIM -> the pod the VM ran in when it started
         self._deferred: list[Callable[[], None]] | None = None
+        self.max_leaving = 0
         super().__init__(settings, nodes, vms, placement, _VMIMDeletes(self), rng, schedule)  # type: ignore[arg-type]
 
     # ---- helpers -------------------------------------------------------------
@@ -360,6 +361,14 @@ class RealKubeVirt(KubeVirt):
                                                         NAMESPACE, VMIMS, name))
 
     # ---- what the admitter and the metrics read ---------------------------------
+
+    def admit_eviction(self, pod_name: str, now: int, from_descheduler: bool):
+        """The model's admitter; and the most VMs marked for evacuation from one node at once, counted here (only a
+        mark raises it)."""
+        answer = super().admit_eviction(pod_name, now, from_descheduler)
+        marked = collections.Counter(v.evacuation_node for v in self.vmis if v.evacuation_node)
+        self.max_leaving = max(self.max_leaving, max(marked.values(), default=0))
+        return answer
 
     def migrating(self, vmi: VMI) -> bool:
         """A VMIM of this VMI is queued or running."""

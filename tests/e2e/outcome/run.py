@@ -1,0 +1,163 @@
+"""One mode of the outcome run: a fresh control plane, the actor, Prometheus, the real descheduler, and the guard or
+not; then the figures (``figures.py``) from the audit log, the actor's record and the descheduler's own counters.
+
+Each mode starts from the same state (the scenario's placement and load, seeded), on its own API server and etcd,
+so nothing of one mode leaks into the other. The descheduler starts ``firstRun`` seconds into the run (the
+simulator's first cycle) and is stopped a moment before the actor ends, so that no eviction arrives while the
+admitter is shutting down.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.sim.guards import parse_mode
+from app.sim.scenario import Scenario
+from tests.e2e.controlplane import ROOT, ControlPlane, free_port
+from tests.e2e.guard import GuardProcess, install_chart
+from tests.e2e.outcome.descheduler import Descheduler, install_rbac
+from tests.e2e.outcome.figures import real_figures
+from tests.e2e.outcome.prometheus import SCORE, Prometheus
+
+REAL_MODES = {"descheduler": False, "descheduler+guard": True}  # name -> guard installed
+
+
+def _guard_model_mode() -> str:
+    """The simulator's mode for the real guard run: the guard with no canceller at work (this control plane does not
+    serve KubeVirt's ``evacuate/cancel``). Simulators whose ``upstream+guard`` runs the canceller call that mode
+    ``upstream+guard-nocancel``."""
+    try:
+        return parse_mode("upstream+guard-nocancel").name
+    except ValueError:
+        return "upstream+guard"
+
+
+MODEL_MODES = {"descheduler": "upstream", "descheduler+guard": _guard_model_mode()}
+START_SECONDS = 0.5  # from starting the descheduler to its first cycle (its informers sync first)
+
+
+@dataclass
+class ModeRun:
+    name: str
+    figures: dict
+    descheduler_counted: dict  # descheduler_pods_evicted_total by result
+    guard_reasons: dict = field(default_factory=dict)  # the guard's decisions by reason (with the guard)
+    score_check: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    cycles: list[float] = field(default_factory=list)  # run times of the descheduler's cycles
+    wall_seconds: float = 0.0
+
+
+def _audit_answers(cp: ControlPlane, user: str) -> list[tuple[int, str]]:
+    out = []
+    for ev in cp.audit_events(user):
+        ref = ev.get("objectRef", {})
+        if ev.get("verb") == "create" and ref.get("resource") == "pods" and ref.get("subresource") == "eviction":
+            status = ev.get("responseStatus") or {}
+            out.append((int(status.get("code") or 0), status.get("message") or ""))
+    return out
+
+
+def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, duration: float) -> ModeRun:
+    t_start = time.monotonic()
+    guard_on = REAL_MODES[name]
+    workdir.mkdir(parents=True, exist_ok=True)
+    cp = ControlPlane(workdir / "control-plane").start()
+    procs: list = []
+    try:
+        cp.install_crds()
+        sa = install_rbac(cp)
+        guard = None
+        if guard_on:
+            inst = install_chart(cp, workdir / "chart", values={"policy": dict(scenario.guard_raw)})
+            guard = GuardProcess(inst).start()
+            procs.append(guard)
+        cert, key = cp.ca.issue("virt-api", server=True)
+        (workdir / "admitter.crt").write_bytes(cert)
+        (workdir / "admitter.key").write_bytes(key)
+        actor_log = workdir / "actor.log"
+        actor = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.actor", "--scenario", str(scenario_path),
+             "--kubeconfig", str(cp.admin_kubeconfig), "--workdir", str(workdir), "--duration", str(duration),
+             "--cert", str(workdir / "admitter.crt"), "--key", str(workdir / "admitter.key"), "--ca", str(cp.ca_path)],
+            cwd=ROOT, stdout=actor_log.open("wb"), stderr=subprocess.STDOUT)
+        ready = _wait_ready(actor, workdir / "actor-ready.json", actor_log)
+        prom = Prometheus(workdir / "prometheus", free_port(), ready["exporter_port"])
+        procs.append(prom)
+        prom.wait_for_score(len(ready["nodes"]))
+        wall0 = ready["wall0"]
+        _sleep_until(wall0 + max(0.0, scenario.descheduler.first_run - START_SECONDS))
+        ds = Descheduler(cp, workdir / "descheduler", sa, prom.url, scenario.descheduler.interval,
+                         (scenario.descheduler.low, scenario.descheduler.high))
+        procs.append(ds)
+        score_check = _score_check(prom)
+        _sleep_until(wall0 + duration - 1.0)
+        if not ds.alive():
+            raise RuntimeError(f"the descheduler exited early:\n{ds.log.read_text()[-3000:]}")
+        counted = ds.evictions()
+        ds.stop()
+        cycles = ds.cycles(wall0)
+        actor.wait(timeout=90)
+        if actor.returncode != 0:
+            raise RuntimeError(f"the actor exited {actor.returncode}:\n{actor_log.read_text()[-3000:]}")
+        result = json.loads((workdir / "actor-result.json").read_text())
+        guard_reasons = _guard_reasons(guard) if guard is not None else {}
+        figures = real_figures(_audit_answers(cp, f"system:serviceaccount:kube-system:{sa}"), result, scenario.plugin)
+        notes = []
+        if result["write_failures"]:
+            notes.append(f"{len(result['write_failures'])} of the actor's writes failed: {result['write_failures'][:3]}")
+        if result["foreign_annotations"]:
+            notes.append(f"eviction-in-progress found on {len(result['foreign_annotations'])} pod(s) whose VMI was not "
+                         f"marked (removed again): {result['foreign_annotations'][:3]}")
+        return ModeRun(name, figures, counted, guard_reasons, score_check, notes, cycles, time.monotonic() - t_start)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        cp.stop()
+
+
+def _wait_ready(proc: subprocess.Popen, path: Path, log: Path, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the actor exited {proc.returncode} before it was ready:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"the actor was not ready in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return json.loads(path.read_text())
+
+
+def _sleep_until(wall: float) -> None:
+    left = wall - time.time()
+    if left > 0:
+        time.sleep(left)
+
+
+def _score_check(prom: Prometheus, tries: int = 5) -> dict:
+    """Prometheus's score beside the simulator's for the same sample, as the descheduler reads them (percent): the
+    two are read from the same scrape only between a sample and the next rule evaluation, so a few reads are tried
+    and the first where every node agrees within the truncation (1 point) is kept, else the last."""
+    checked: dict = {}
+    for _ in range(tries):
+        real = prom.query(SCORE)
+        model = prom.query("kubevirt_actor_node_model_score")
+        checked = {n: {"prometheus": int(real[n] * 100), "model": round(model.get(n, -1) * 100)} for n in sorted(real)}
+        if all(abs(v["prometheus"] - v["model"]) <= 1 for v in checked.values()):
+            break
+        time.sleep(0.7)
+    return checked
+
+
+def _guard_reasons(guard: GuardProcess) -> dict:
+    out: dict[str, float] = {}
+    for (name, labels), value in guard.metrics().items():
+        if name == "kubevirt_eviction_guard_decisions_total":
+            d = dict(labels)
+            out[f"{d.get('decision')}:{d.get('reason')}"] = value
+    return dict(sorted(out.items()))

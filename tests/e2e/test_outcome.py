@@ -1,0 +1,64 @@
+"""The real descheduler evicting through the guard, and the outcome run in short (``make e2e-outcome``: the full one).
+
+Both modes of the outcome run (``tests/e2e/outcome``), side by side on two control planes, for 90 s each: the real
+descheduler v0.36 (KubeVirt profile settings, Prometheus score, EvictionsInBackground, its chart's RBAC and token)
+against the actor's KubeVirt, without and with the guard (chart installed by Helm, guard running with the chart's
+ServiceAccount token). The figures go to ``build/e2e/outcome.json`` (form "short"), which the summary carries.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.conftest import OUTCOME
+from tests.e2e.outcome.__main__ import SCENARIO, outcome
+
+SHORT_SECONDS = 90
+
+
+@pytest.fixture(scope="module")
+def short_outcome(binaries, e2e_dir) -> dict:
+    result = outcome(SCENARIO, SHORT_SECONDS, e2e_dir / "outcome", ["descheduler", "descheduler+guard"], "short")
+    OUTCOME.parent.mkdir(parents=True, exist_ok=True)
+    OUTCOME.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.check("descheduler evicts through the guard")
+def test_descheduler_evicts_through_the_guard(short_outcome, detail):
+    real = short_outcome["modes"]
+    guarded, plain = real["descheduler+guard"], real["descheduler"]
+    # the descheduler did evict, in both modes (else nothing below would mean anything)
+    assert plain["evictions_requested"] > 0 and guarded["evictions_requested"] > 0, real
+    # every eviction of the guarded run went through the guard (the API server called it for each one)
+    decisions = short_outcome["guard_decisions"]["descheduler+guard"]
+    assert sum(decisions.values()) >= guarded["evictions_requested"], (decisions, guarded)
+    assert any(k.startswith("denied:") for k in decisions), decisions
+    # ... and the descheduler counted the answers as kubevirt-facts.md says: the background text as "background",
+    # any other 429 as "error" (its own descheduler_pods_evicted_total, against the API server's audit log)
+    for name, figures in real.items():
+        counted = short_outcome["descheduler_counted"][name]
+        assert counted.get("background", 0) == figures["evictions_background"], (name, counted, figures)
+        assert counted.get("error", 0) == figures["evictions_refused"], (name, counted, figures)
+    # Prometheus computed the profile's score from the actor's load as the simulator does
+    for name, nodes in short_outcome["score_check"].items():
+        assert all(abs(v["prometheus"] - v["model"]) <= 1 for v in nodes.values()), (name, nodes)
+    detail["detail"] = (f"{SHORT_SECONDS} s per mode: descheduler {plain['evictions_requested']} evictions "
+                        f"({plain['evictions_background']} background); with the guard {guarded['evictions_requested']} "
+                        f"({guarded['evictions_background']} background, {guarded['evictions_refused']} refused: "
+                        f"{decisions}); the descheduler's counters equal the audit log's")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.check("outcome run (short)")
+def test_outcome_with_the_guard_keeps_the_promises(short_outcome, detail):
+    guarded = short_outcome["modes"]["descheduler+guard"]
+    assert guarded["migrations"] > 0, guarded
+    assert guarded["evictions_during_migration"] == 0, guarded
+    assert guarded["cooldown_violations"] == 0, guarded
+    assert guarded["max_leaving_per_node"] <= 1, guarded
+    assert not short_outcome["notes"], short_outcome["notes"]
+    detail["detail"] = json.dumps({"real": short_outcome["modes"], "model": short_outcome["model"]})
