@@ -72,6 +72,7 @@ class Cluster:
         self.core = client.CoreV1Api(self.api)
         self._n = itertools.count(1)
         self._barrier_ready = False
+        self.last_warnings: list[str] = []  # the Warning headers of the last evict_raw (what kubectl prints)
 
     # ---- names ----
 
@@ -143,6 +144,7 @@ class Cluster:
         with self.cp.admin_http(timeout=30) as http:
             r = http.post(f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", json=body,
                           params={"dryRun": "All"} if query_dry_run else None)
+        self.last_warnings = r.headers.get_list("warning")
         return r.status_code, r.json()
 
     # ---- the audit log ----

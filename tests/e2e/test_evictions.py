@@ -204,6 +204,9 @@ def test_eviction_answer_through_the_api_server(name, rows, cluster, guard, inst
         assert shape(row.message).match(message), f"guard said {message!r}, expected {row.message!r}"
         assert body["message"] == f'admission webhook "{hook}" denied the request: {message}', body["message"]
         assert annotations[f"{hook}/decision"] == "denied"
+        if via == "kubectl":  # the guard's warning, passed on as a Warning header: kubectl prints it
+            quoted = f"kubevirt-eviction-guard: {message}".replace("\\", "\\\\").replace('"', '\\"')
+            assert cluster.last_warnings == [f'299 - "{quoted}"'], cluster.last_warnings
         if row.reason == "cooldown":
             assert 0 < int(annotations[f"{hook}/remaining-seconds"]) <= 600, annotations
         seen.append(f"{via} 429")
