@@ -78,10 +78,6 @@ class KindStatus:
     def stale(self) -> bool:
         return self.synced and self.broken_since is not None
 
-    def broken_for(self) -> float:
-        since = self.broken_since
-        return 0.0 if since is None else max(0.0, self.clock() - since)
-
 
 class CacheHealthBoard:
     """``health(now)`` and ``readiness_detail()`` for ``GuardContext``, over every kind's status."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -28,21 +27,11 @@ from kubernetes.client.exceptions import ApiException
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.guard import GuardProcess
 from tests.e2e.objects import KubeObjects
+from tests.live_support import eventually
 
 DESCHEDULER_ANNOTATIONS = {"requested-by": "sigs.k8s.io/descheduler",
                            "reason": "triggered by profile KubeVirtRelieveAndMigrate/LowNodeUtilization: e2e"}
 BARRIER_NS = "e2e-barrier"
-
-
-def eventually(check, timeout: float = 10.0, what: str = "condition", every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
