@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.cluster import eventually
 
 KINDS = ("vmi", "vmim", "pod", "node")
-OUTAGE = 5.0  # seconds kube-apiserver stays dead: the guard's retries back off to 3-6 s meanwhile
+OUTAGE = 12.0  # seconds kube-apiserver stays dead: the guard's retries back off to 6-13 s meanwhile
 
 
 def reason_of(cluster, hook: str, namespace: str, pod: str) -> tuple[int, str | None]:
