@@ -276,7 +276,7 @@ LEAST_PRIVILEGE = (
     {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
                             ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
     | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch")}
-    | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+    | {("", "events", v) for v in ("create", "patch")}
 )
 HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}

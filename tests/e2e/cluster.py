@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -28,21 +27,11 @@ from kubernetes.client.exceptions import ApiException
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.guard import GuardProcess
 from tests.e2e.objects import KubeObjects
+from tests.live_support import eventually
 
 DESCHEDULER_ANNOTATIONS = {"requested-by": "sigs.k8s.io/descheduler",
                            "reason": "triggered by profile KubeVirtRelieveAndMigrate/LowNodeUtilization: e2e"}
 BARRIER_NS = "e2e-barrier"
-
-
-def eventually(check, timeout: float = 10.0, what: str = "condition", every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
@@ -72,6 +61,7 @@ class Cluster:
         self.core = client.CoreV1Api(self.api)
         self._n = itertools.count(1)
         self._barrier_ready = False
+        self.last_warnings: list[str] = []  # the Warning headers of the last evict_raw (what kubectl prints)
 
     # ---- names ----
 
@@ -143,6 +133,7 @@ class Cluster:
         with self.cp.admin_http(timeout=30) as http:
             r = http.post(f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", json=body,
                           params={"dryRun": "All"} if query_dry_run else None)
+        self.last_warnings = r.headers.get_list("warning")
         return r.status_code, r.json()
 
     # ---- the audit log ----

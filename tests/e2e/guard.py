@@ -238,6 +238,15 @@ class GuardProcess:
             self.proc.kill()
             return self.proc.wait(10)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process reads nothing (its sockets keep what arrives) until ``resume``."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def wait_ready(self, timeout: float = 60) -> None:
         """Until ``/readyz`` answers 200 (every kind listed through the API server with the chart's RBAC)."""
         deadline = time.monotonic() + timeout
