@@ -158,10 +158,14 @@ class Writer:
 
 
 class _VMIMDeletes:
-    """The ``store`` the model deletes retained VMIMs from: here, a DELETE on the API server."""
+    """The ``store`` the model writes to: every ``publish_*`` is overridden here, so what is left is the deletion of
+    retained VMIMs, a DELETE on the API server."""
 
     def __init__(self, kv: RealKubeVirt) -> None:
         self.kv = kv
+
+    def upsert(self, record) -> None:
+        pass
 
     def delete(self, kind: str, key: tuple[str, str]) -> None:
         if kind == "vmim":
@@ -178,6 +182,21 @@ class RealKubeVirt(KubeVirt):
         self._deferred: list[Callable[[], None]] | None = None
         self.max_leaving = 0
         super().__init__(settings, nodes, vms, placement, _VMIMDeletes(self), rng, schedule)  # type: ignore[arg-type]
+        self.publish_kubevirt()
+
+    def publish_kubevirt(self) -> None:
+        """The KubeVirt CR (namespace ``kubevirt``) with the migration limits the model enforces, as a cluster has it."""
+        if self._changed(("kubevirt", "kubevirt"), True):
+            w, limits = self.writer, {"parallelOutboundMigrationsPerNode": self.s.parallel_outbound_migrations_per_node,
+                                      "parallelMigrationsPerCluster": self.s.parallel_migrations_per_cluster}
+            body = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                    "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                    "spec": {"configuration": {"evictionStrategy": "LiveMigrate", "migrations": limits}}}
+
+            def create() -> None:
+                w.objects.namespace("kubevirt")
+                w.call(w.custom.create_namespaced_custom_object, *KUBEVIRT, "kubevirt", "kubevirts", body)
+            self._put("create kubevirt", create)
 
     # ---- helpers -------------------------------------------------------------
 
