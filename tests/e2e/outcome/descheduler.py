@@ -2,9 +2,10 @@
 
 Policy: what OpenShift's ``KubeVirtRelieveAndMigrate`` profile sets, as far as upstream v0.36 has it (there is no
 ``KubevirtMigrationAware`` plugin and no soft-tainter upstream): DefaultEvictor with ``noEvictionPolicy:
-Mandatory``; LowNodeUtilization with deviation thresholds (low 0, high 10 by default) on the profile's Prometheus
-score, ``evictionLimits.node: 2``; ``maxNoOfPodsToEvictPerNode: 2``, ``maxNoOfPodsToEvictTotal: 5``; the nodes
-labelled ``kubevirt.io/schedulable=true``; feature gate ``EvictionsInBackground=true``.
+Mandatory``; LowNodeUtilization with deviation thresholds on the profile's Prometheus score and
+``evictionLimits.node``; ``maxNoOfPodsToEvictPerNode``, ``maxNoOfPodsToEvictTotal``; the nodes labelled
+``kubevirt.io/schedulable=true``; feature gate ``EvictionsInBackground=true``. The numbers are the scenario's
+``descheduler`` settings (the profile's: 0/10, node 2, 2 per node, 5 in total), as the simulator reads them.
 
 Identity: the ServiceAccount, ClusterRole and binding of the descheduler's own Helm chart (rendered with the real
 ``helm`` from the descheduler v0.36 module, the one the binary is built from), and a TokenRequest token of that
@@ -33,6 +34,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from app.sim.scenario import DeschedulerSettings
 from tests.e2e.controlplane import BIN, ROOT, ControlPlane, free_port
 from tests.e2e.outcome.prometheus import SCORE
 
@@ -41,12 +43,12 @@ PROFILE = "KubeVirtRelieveAndMigrate"
 SA_DIR = "/run/secrets/kubernetes.io/serviceaccount"
 
 
-def policy(prometheus_url: str, low: float = 0, high: float = 10, node_limit: int = 2, per_node: int = 2,
-           total: int = 5) -> dict:
+def policy(prometheus_url: str, s: DeschedulerSettings) -> dict:
+    """The DeschedulerPolicy for the scenario's descheduler settings (thresholds and the three limits)."""
     return {
         "apiVersion": "descheduler/v1alpha2", "kind": "DeschedulerPolicy",
         "nodeSelector": "kubevirt.io/schedulable=true",
-        "maxNoOfPodsToEvictPerNode": per_node, "maxNoOfPodsToEvictTotal": total,
+        "maxNoOfPodsToEvictPerNode": s.max_per_node, "maxNoOfPodsToEvictTotal": s.max_total,
         "metricsProviders": [{"source": "Prometheus", "prometheus": {"url": prometheus_url}}],
         "profiles": [{
             "name": PROFILE,
@@ -54,8 +56,8 @@ def policy(prometheus_url: str, low: float = 0, high: float = 10, node_limit: in
                 {"name": "DefaultEvictor", "args": {"noEvictionPolicy": "Mandatory"}},
                 {"name": "LowNodeUtilization", "args": {
                     "useDeviationThresholds": True,
-                    "thresholds": {"MetricResource": low}, "targetThresholds": {"MetricResource": high},
-                    "evictionLimits": {"node": node_limit},
+                    "thresholds": {"MetricResource": s.low}, "targetThresholds": {"MetricResource": s.high},
+                    "evictionLimits": {"node": s.eviction_limit_node},
                     "metricsUtilization": {"source": "Prometheus", "prometheus": {"query": SCORE}},
                 }},
             ],
@@ -107,8 +109,8 @@ def install_rbac(cp: ControlPlane) -> str:
 class Descheduler:
     """One descheduler process; ``metrics()`` reads its ``/metrics``."""
 
-    def __init__(self, cp: ControlPlane, workdir: Path, service_account: str, prometheus_url: str, interval: float,
-                 thresholds: tuple[float, float] = (0, 10)) -> None:
+    def __init__(self, cp: ControlPlane, workdir: Path, service_account: str, prometheus_url: str,
+                 settings: DeschedulerSettings) -> None:
         if shutil.which("unshare") is None:
             raise RuntimeError("unshare (util-linux) is needed to give the descheduler its in-cluster identity")
         self.dir = workdir
@@ -118,12 +120,12 @@ class Descheduler:
         (self.sa / "token").write_text(cp.service_account_token(NAMESPACE, service_account, seconds=7200))
         shutil.copy(cp.ca_path, self.sa / "ca.crt")
         (self.sa / "namespace").write_text(NAMESPACE)
-        (workdir / "policy.yaml").write_text(yaml.safe_dump(policy(prometheus_url, *thresholds)))
+        (workdir / "policy.yaml").write_text(yaml.safe_dump(policy(prometheus_url, settings)))
         self.port = free_port()
         self.log = workdir / "descheduler.log"
         script = (f"mount -t tmpfs -o mode=755 tmpfs /run && mkdir -p {SA_DIR} && cp {self.sa}/* {SA_DIR}/ && "
                   f"exec {BIN / 'descheduler'} --policy-config-file {workdir / 'policy.yaml'} "
-                  f"--descheduling-interval {interval:g}s --feature-gates EvictionsInBackground=true "
+                  f"--descheduling-interval {settings.interval}s --feature-gates EvictionsInBackground=true "
                   f"--bind-address 127.0.0.1 --secure-port {self.port} --cert-dir {workdir / 'certs'} --v 3")
         env = {**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cp.port)}
         # not root: a user namespace first (where this user is root), if the kernel allows unprivileged ones

@@ -9,6 +9,7 @@ admitter is shutting down.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -24,7 +25,12 @@ from tests.e2e.outcome.descheduler import Descheduler, install_rbac
 from tests.e2e.outcome.figures import real_figures
 from tests.e2e.outcome.prometheus import SCORE, Prometheus
 
-REAL_MODES = {"descheduler": False, "descheduler+guard": True}  # name -> guard installed
+
+@dataclass(frozen=True)
+class RealMode:
+    guard: bool  # the chart installed and the guard running
+    model: str  # the simulator's mode for the same set-up
+    node_limit: int | None = None  # evictionLimits.node instead of the scenario's
 
 
 def _guard_model_mode() -> str:
@@ -37,7 +43,14 @@ def _guard_model_mode() -> str:
         return "upstream+guard"
 
 
-MODEL_MODES = {"descheduler": "upstream", "descheduler+guard": _guard_model_mode()}
+REAL_MODES = {
+    "descheduler": RealMode(guard=False, model="upstream"),
+    "descheduler+guard": RealMode(guard=True, model=_guard_model_mode()),
+    # the one-line alternative the guard is compared with: is the simulator's node-limit-1 the real one?
+    "descheduler-node-limit-1": RealMode(guard=False, model="node-limit-1", node_limit=1),
+}
+DEFAULT_MODES = ("descheduler", "descheduler+guard")
+MODEL_MODES = {name: m.model for name, m in REAL_MODES.items()}
 START_SECONDS = 0.5  # from starting the descheduler to its first cycle (its informers sync first)
 
 
@@ -53,6 +66,12 @@ class ModeRun:
     wall_seconds: float = 0.0
 
 
+def _forbidden(cp: ControlPlane, user: str) -> list[str]:
+    """The requests of ``user`` the authorizer refused (its identity lacks a rule)."""
+    return [f"{ev.get('verb')} {ev.get('requestURI')}" for ev in cp.audit_events(user)
+            if (ev.get("responseStatus") or {}).get("code") == 403]
+
+
 def _audit_answers(cp: ControlPlane, user: str) -> list[tuple[int, str]]:
     out = []
     for ev in cp.audit_events(user):
@@ -65,7 +84,9 @@ def _audit_answers(cp: ControlPlane, user: str) -> list[tuple[int, str]]:
 
 def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, duration: float) -> ModeRun:
     t_start = time.monotonic()
-    guard_on = REAL_MODES[name]
+    mode = REAL_MODES[name]
+    settings = scenario.descheduler if mode.node_limit is None else dataclasses.replace(
+        scenario.descheduler, eviction_limit_node=mode.node_limit)
     workdir.mkdir(parents=True, exist_ok=True)
     cp = ControlPlane(workdir / "control-plane").start()
     procs: list = []
@@ -73,7 +94,7 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         cp.install_crds()
         sa = install_rbac(cp)
         guard = None
-        if guard_on:
+        if mode.guard:
             inst = install_chart(cp, workdir / "chart", values={"policy": dict(scenario.guard_raw)})
             guard = GuardProcess(inst).start()
             procs.append(guard)
@@ -92,8 +113,7 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         prom.wait_for_score(len(ready["nodes"]))
         wall0 = ready["wall0"]
         _sleep_until(wall0 + max(0.0, scenario.descheduler.first_run - START_SECONDS))
-        ds = Descheduler(cp, workdir / "descheduler", sa, prom.url, scenario.descheduler.interval,
-                         (scenario.descheduler.low, scenario.descheduler.high))
+        ds = Descheduler(cp, workdir / "descheduler", sa, prom.url, settings)
         procs.append(ds)
         score_check = _score_check(prom)
         _sleep_until(wall0 + duration - 1.0)
@@ -107,10 +127,15 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
             raise RuntimeError(f"the actor exited {actor.returncode}:\n{actor_log.read_text()[-3000:]}")
         result = json.loads((workdir / "actor-result.json").read_text())
         guard_reasons = _guard_reasons(guard) if guard is not None else {}
-        figures = real_figures(_audit_answers(cp, f"system:serviceaccount:kube-system:{sa}"), result, scenario.plugin)
+        user = f"system:serviceaccount:kube-system:{sa}"
+        figures = real_figures(_audit_answers(cp, user), result, scenario.plugin)
         notes = []
+        forbidden = _forbidden(cp, user)
+        if forbidden:
+            notes.append(f"the descheduler's chart RBAC refused {len(forbidden)} of its requests: {forbidden[:3]}")
         if result["write_failures"]:
-            notes.append(f"{len(result['write_failures'])} of the actor's writes failed: {result['write_failures'][:3]}")
+            failed = result["write_failures"]
+            notes.append(f"{len(failed)} of the actor's writes failed: {failed[:3]}")
         if result["foreign_annotations"]:
             notes.append(f"eviction-in-progress found on {len(result['foreign_annotations'])} pod(s) whose VMI was not "
                          f"marked (removed again): {result['foreign_annotations'][:3]}")
@@ -155,9 +180,12 @@ def _score_check(prom: Prometheus, tries: int = 5) -> dict:
 
 
 def _guard_reasons(guard: GuardProcess) -> dict:
+    """The guard's decisions by ``decision:reason``, and its side effects by ``effect kind:outcome``."""
     out: dict[str, float] = {}
     for (name, labels), value in guard.metrics().items():
+        d = dict(labels)
         if name == "kubevirt_eviction_guard_decisions_total":
-            d = dict(labels)
             out[f"{d.get('decision')}:{d.get('reason')}"] = value
+        elif name == "kubevirt_eviction_guard_side_effects_total" and value:
+            out[f"effect {d.get('kind')}:{d.get('outcome')}"] = value
     return dict(sorted(out.items()))
