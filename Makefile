@@ -111,9 +111,10 @@ e2e-bin:
 e2e: $(STAMP) e2e-bin
 	$(PY) -m pytest -m e2e tests/e2e $(E2E_ARGS)
 
-# The outcome run (about 13 minutes): the real descheduler without and with the guard, 12 minutes of real time each
-# (side by side), against the actor's KubeVirt, Prometheus and load model (tests/e2e/outcome), and the simulator on
-# the same scenario; writes build/e2e/outcome.json and the side-by-side table in docs/simulator.md. Needs unshare
-# (the descheduler runs in its own mount namespace) and Debian's prometheus. `make e2e` runs a 90 s form of it.
+# The outcome run (about 13 minutes): the real descheduler without the guard, with it, and with evictionLimits.node
+# 1, 12 minutes of real time each (side by side), against the actor's KubeVirt, Prometheus and load model
+# (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
+# table in docs/simulator.md. Needs unshare (the descheduler runs in its own mount namespace) and Debian's
+# prometheus. `make e2e` runs a 90 s form of it.
 e2e-outcome: $(STAMP) e2e-bin
 	$(PY) -m tests.e2e.outcome --docs docs/simulator.md

@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.conftest import OUTCOME
 from tests.e2e.outcome.__main__ import SCENARIO, outcome
-from tests.e2e.outcome.run import DEFAULT_MODES
+from tests.e2e.outcome.run import SHORT_MODES
 
 SHORT_SECONDS = 90
 LIMITS = SCENARIO.with_name("limits.yaml")
@@ -27,7 +27,7 @@ LIMITS = SCENARIO.with_name("limits.yaml")
 def runs(binaries, e2e_dir) -> tuple[dict, dict]:
     """The short outcome run (both modes) and the limits scenario, all three on their own control planes at once."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        short = pool.submit(outcome, SCENARIO, SHORT_SECONDS, e2e_dir / "outcome", list(DEFAULT_MODES), "short")
+        short = pool.submit(outcome, SCENARIO, SHORT_SECONDS, e2e_dir / "outcome", list(SHORT_MODES), "short")
         limits = pool.submit(outcome, LIMITS, SHORT_SECONDS, e2e_dir / "limits", ["descheduler"], "limits")
         result = short.result()
         OUTCOME.parent.mkdir(parents=True, exist_ok=True)

@@ -185,7 +185,7 @@ class RealKubeVirt(KubeVirt):
         self.publish_kubevirt()
 
     def publish_kubevirt(self) -> None:
-        """The KubeVirt CR (namespace ``kubevirt``) with the migration limits the model enforces, as a cluster has it."""
+        """The KubeVirt CR (namespace ``kubevirt``) with the migration limits the model enforces."""
         if self._changed(("kubevirt", "kubevirt"), True):
             w, limits = self.writer, {"parallelOutboundMigrationsPerNode": self.s.parallel_outbound_migrations_per_node,
                                       "parallelMigrationsPerCluster": self.s.parallel_migrations_per_cluster}

@@ -1,8 +1,8 @@
 """``python -m tests.e2e.outcome``: the outcome run (``make e2e-outcome``).
 
-The real descheduler without and with the guard on a real control plane (``run.py``), then the simulator's
-``upstream`` and ``upstream+guard`` modes on the same scenario (same nodes, VMs, placement, load, interval, failure
-mix, compression), with the same figures. Writes ``build/e2e/outcome.json`` (issue 19's "outcome" block, which
+The real descheduler without the guard, with the guard, and with ``evictionLimits.node: 1``, each on its own real
+control plane (``run.py``), then the simulator's ``upstream``, ``upstream+guard`` and ``node-limit-1`` on the same
+scenario (same nodes, VMs, placement, load, interval, failure mix, compression), with the same figures. Writes ``build/e2e/outcome.json`` (issue 19's "outcome" block, which
 ``make e2e`` copies into ``summary.json``) and, with ``--docs``, the side-by-side table into docs/simulator.md
 between its ``e2e-outcome`` markers.
 """
@@ -25,7 +25,7 @@ from app.sim.metrics import summarize
 from app.sim.scenario import ScenarioError, load_scenario
 from tests.e2e.controlplane import ROOT, missing_binaries
 from tests.e2e.outcome.figures import KEYS, differs, model_figures
-from tests.e2e.outcome.run import DEFAULT_MODES, MODEL_MODES, REAL_MODES, ModeRun, run_mode
+from tests.e2e.outcome.run import MODEL_MODES, REAL_MODES, ModeRun, run_mode
 
 SCENARIO = Path(__file__).with_name("scenario.yaml")
 DRAWS = 30
@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.e2e.outcome", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", type=Path, default=SCENARIO, help="scenario YAML (default: the e2e outcome's)")
     p.add_argument("--duration", type=float, help="seconds of real time per mode (default: the scenario's hours)")
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
-                   help=f"comma-separated, of {','.join(REAL_MODES)} (default: {','.join(DEFAULT_MODES)})")
+    p.add_argument("--modes", default=",".join(REAL_MODES), help=f"comma-separated, of {','.join(REAL_MODES)}")
     p.add_argument("--out", type=Path, default=OUTCOME, help="where outcome.json goes")
     p.add_argument("--docs", type=Path, help="write the side-by-side table into this file between its markers")
     p.add_argument("--workdir", type=Path, help="keep the runs' files here (default: a temporary folder)")
