@@ -76,6 +76,30 @@ class RunData:
     evacuations_cancelled: int = 0
 
 
+def node_load(kv: KubeVirt, now: int, overhead: float) -> list[tuple[float, float, float, float]]:
+    """(CPU use, memory use, CPU pressure, memory pressure) per node at ``now``: the VMs where they run, and each
+    copying migration's extra load (``overhead`` cores on both ends, the guest's memory on the target)."""
+    n = len(kv.nodes)
+    cpu = [0.0] * n
+    mem = [0.0] * n
+    for vmi in kv.vmis:
+        vm = vmi.vm
+        i = vmi.node.index
+        cpu[i] += vm.vcpus * vm.cpu_load.value(now)
+        mem[i] += vm.memory * vm.memory_load.value(now)
+    for m in kv.running:
+        if m.source is not None and m.target is not None and m.copy_start is not None:
+            cpu[m.source.index] += overhead
+            cpu[m.target.index] += overhead
+            mem[m.target.index] += m.vmi.vm.memory * m.vmi.vm.memory_load.value(now)
+    dims = []
+    for node in kv.nodes:
+        cd = cpu[node.index] / node.cpu
+        md = mem[node.index] / node.memory
+        dims.append((min(1.0, cd), min(1.0, md), pressure(cd), pressure(md)))
+    return dims
+
+
 def initial_placement(nodes: list[Node], vms: list[VM], rng: Random) -> list[int]:
     """Where the VMs start: the scheduler's least-allocated node (memory requests) for
     each VM, the VMs in a seeded random order so that load classes mix on nodes."""
@@ -190,28 +214,8 @@ class Simulation:
         for vm in self.vms:
             vm.cpu_load.tick(rng, now)
             vm.memory_load.tick(rng, now)
-        n = len(self.nodes)
-        cpu = [0.0] * n
-        mem = [0.0] * n
-        for vmi in self.kv.vmis:
-            vm = vmi.vm
-            i = vmi.node.index
-            cpu[i] += vm.vcpus * vm.cpu_load.value(now)
-            mem[i] += vm.memory * vm.memory_load.value(now)
-        overhead = self.sc.kubevirt.migration_cpu_overhead
-        for m in self.kv.running:
-            if m.source is not None and m.target is not None and m.copy_start is not None:
-                cpu[m.source.index] += overhead
-                cpu[m.target.index] += overhead
-                mem[m.target.index] += m.vmi.vm.memory * m.vmi.vm.memory_load.value(now)
-        dims = []
-        cpu_use = []
-        for node in self.nodes:
-            cd = cpu[node.index] / node.cpu
-            md = mem[node.index] / node.memory
-            cu, mu = min(1.0, cd), min(1.0, md)
-            cpu_use.append(cu)
-            dims.append((cu, mu, pressure(cd), pressure(md)))
+        dims = node_load(self.kv, now, self.sc.kubevirt.migration_cpu_overhead)
+        cpu_use = [d[0] for d in dims]
         scores = node_scores(dims)
         self.desched.scores = dict(zip(self.data.node_names, scores))
         if self.mode.prometheus is not None:

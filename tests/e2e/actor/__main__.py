@@ -30,12 +30,12 @@ from kubernetes.client.exceptions import ApiException
 
 from app.cluster.kube import api_client
 from app.domain.records import EVICTION_IN_PROGRESS
-from app.sim.engine import initial_placement
+from app.sim.engine import initial_placement, node_load
 from app.sim.scenario import ScenarioError, load_scenario
 from tests.e2e.actor import objects as o
 from tests.e2e.actor.admitter import Admitter
 from tests.e2e.actor.kubevirt import Clock, RealKubeVirt, Writer
-from tests.e2e.actor.load import Exporter, node_dims
+from tests.e2e.actor.load import Exporter
 
 log = logging.getLogger("actor")
 PRIO_SAMPLE, PRIO_KUBEVIRT = 0, 2
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         for vm in vms:
             vm.cpu_load.tick(load_rng, now)
             vm.memory_load.tick(load_rng, now)
-        scores_log.append((now, exporter.update(now, node_dims(kv, now, overhead))))
+        scores_log.append((now, exporter.update(now, node_load(kv, now, overhead))))
         kv.try_start(now)
         driver.schedule(now + sc.sample_interval, sample, prio=PRIO_SAMPLE)
 

@@ -2,40 +2,19 @@
 
 Every ``sampleInterval`` the load model (``app.sim.model`` profiles, ticked from the same seeded stream in the same
 order as the simulator's engine) gives each VM's CPU and memory use; per node that becomes CPU use, memory use and
-their pressures, following the VMs where they run now (and a running migration's extra load on both ends), exactly
-as the simulator's sample. The exporter serves those four numbers per node, labelled ``instance`` = node name;
-Prometheus's rules (``tests/e2e/outcome/prometheus.py``) turn them into the profile's score, which the real
-descheduler queries. The exporter also serves the simulator's own score for the same sample
-(``kubevirt_actor_node_model_score``), so a run can check that Prometheus computes what the model computes.
-"""
+their pressures, following the VMs where they run now (and a running migration's extra load on both ends): the
+simulator's own ``app.sim.engine.node_load``. The exporter serves those four numbers per node, labelled ``instance``
+= node name; Prometheus's rules (``tests/e2e/outcome/prometheus.py``) turn them into the profile's score, which the
+real descheduler queries. The exporter also serves the simulator's own score for the same sample
+(``kubevirt_actor_node_model_score``), so a run can check that Prometheus computes what the model computes."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from app.sim.descheduler import node_scores, pressure
+from app.sim.descheduler import node_scores
 
 DIMENSIONS = ("cpu_utilisation", "memory_utilisation", "cpu_pressure", "memory_pressure")
-
-
-def node_dims(kv, now: int, overhead: float) -> list[tuple[float, float, float, float]]:
-    """(CPU use, memory use, CPU pressure, memory pressure) per node at ``now``: the simulator's sample."""
-    n = len(kv.nodes)
-    cpu, mem = [0.0] * n, [0.0] * n
-    for vmi in kv.vmis:
-        vm, i = vmi.vm, vmi.node.index
-        cpu[i] += vm.vcpus * vm.cpu_load.value(now)
-        mem[i] += vm.memory * vm.memory_load.value(now)
-    for m in kv.running:
-        if m.source is not None and m.target is not None and m.copy_start is not None:
-            cpu[m.source.index] += overhead
-            cpu[m.target.index] += overhead
-            mem[m.target.index] += m.vmi.vm.memory * m.vmi.vm.memory_load.value(now)
-    out = []
-    for node in kv.nodes:
-        cd, md = cpu[node.index] / node.cpu, mem[node.index] / node.memory
-        out.append((min(1.0, cd), min(1.0, md), pressure(cd), pressure(md)))
-    return out
 
 
 class Exporter:
