@@ -2,10 +2,9 @@
 
 The real descheduler without the guard, with the guard, and with ``evictionLimits.node: 1``, each on its own real
 control plane (``run.py``), then the simulator's ``upstream``, ``upstream+guard`` and ``node-limit-1`` on the same
-scenario (same nodes, VMs, placement, load, interval, failure mix, compression), with the same figures. Writes ``build/e2e/outcome.json`` (issue 19's "outcome" block, which
-``make e2e`` copies into ``summary.json``) and, with ``--docs``, the side-by-side table into docs/simulator.md
-between its ``e2e-outcome`` markers.
-"""
+scenario (same nodes, VMs, placement, load, interval, failure mix, compression), with the same figures. Writes
+``build/e2e/outcome.json`` (issue 19's "outcome" block, which ``make e2e`` copies into ``summary.json``) and, with
+``--docs``, the side-by-side table into docs/simulator.md between its ``e2e-outcome`` markers."""
 
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ import yaml
 
 from app.sim.scenario import DeschedulerSettings
 from tests.e2e.controlplane import BIN, ROOT, ControlPlane, free_port
+from tests.e2e.outcome.process import Service
 from tests.e2e.outcome.prometheus import SCORE
 
 NAMESPACE, NAME = "kube-system", "descheduler"
@@ -106,7 +107,7 @@ def install_rbac(cp: ControlPlane) -> str:
     return next(d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount")
 
 
-class Descheduler:
+class Descheduler(Service):
     """One descheduler process; ``metrics()`` reads its ``/metrics``."""
 
     def __init__(self, cp: ControlPlane, workdir: Path, service_account: str, prometheus_url: str,
@@ -136,9 +137,6 @@ class Descheduler:
                                      start_new_session=True)
         self.started = time.monotonic()
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def metrics(self) -> str:
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # its self-signed serving certificate on loopback
@@ -166,12 +164,3 @@ class Descheduler:
                 t = datetime.datetime.combine(day, datetime.time(h, mi), datetime.UTC).timestamp() + sec
                 out.append(round(t - wall0, 2))
         return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.e2e.outcome.process import Service
+
 SCORE = "descheduler:node:linear_amplified_ideal_point_positive_distance:k3:avg1m"
 EVALUATION = "2s"
 PROMETHEUS = shutil.which("prometheus")
@@ -48,7 +50,7 @@ def rules_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
-class Prometheus:
+class Prometheus(Service):
     def __init__(self, workdir: Path, port: int, exporter_port: int) -> None:
         if PROMETHEUS is None:
             raise RuntimeError("prometheus is not on PATH: install Debian's package (apt-get install prometheus)")
@@ -88,12 +90,3 @@ class Prometheus:
         r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5)
         r.raise_for_status()
         return {s["metric"].get("instance", ""): float(s["value"][1]) for s in r.json()["data"]["result"]}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
