@@ -58,6 +58,9 @@ def test_descheduler_evicts_through_the_guard(short_outcome, detail):
         counted = short_outcome["descheduler_counted"][name]
         assert counted.get("background", 0) == figures["evictions_background"], (name, counted, figures)
         assert counted.get("error", 0) == figures["evictions_refused"], (name, counted, figures)
+    # every visit of an overutilised node in every cycle: what the simulator's descheduler would have done there
+    for name, checked in short_outcome["cycle_check"].items():
+        assert checked["node_visits"] > 0 and checked["inconsistent_count"] == 0, (name, checked)
     # Prometheus computed the profile's score from the actor's load as the simulator does
     for name, nodes in short_outcome["score_check"].items():
         assert all(abs(v["prometheus"] - v["model"]) <= 1 for v in nodes.values()), (name, nodes)
@@ -91,6 +94,8 @@ def test_a_node_with_one_vm_in_flight_gives_up_another_under_eviction_limits_nod
     assert real["evictions_background"] >= 2, real
     # ... and so does the simulator's descheduler, in every roll of its dice
     assert model["range"]["max_leaving_per_node"] == [2, 2], model
+    checked = limits["cycle_check"]["descheduler"]
+    assert checked["node_visits"] > 0 and checked["inconsistent_count"] == 0, checked
     detail["detail"] = (f"evictionLimits.node 1, maxNoOfPodsToEvictPerNode 2, evacuations that never end: real "
                         f"{real['max_leaving_per_node']} VMs leaving one node ({real['evictions_background']} "
                         f"evictions); simulator {model['range']['max_leaving_per_node']}")

@@ -79,6 +79,7 @@ def outcome(scenario_path: Path, duration: float, workdir: Path, modes: list[str
         "score_check": {name: r.score_check for name, r in real.items()},
         "notes": {name: r.notes for name, r in real.items() if r.notes},
         "descheduler_cycles": {name: r.cycles for name, r in real.items()},
+        "cycle_check": {name: r.cycle_check for name, r in real.items()},
         "wall_seconds": {name: round(r.wall_seconds, 1) for name, r in real.items()},
         "differences": {name: {k: "outside the model's range" if not (model[MODEL_MODES[name]]["range"][k][0]
                                                                        <= r.figures[k]
@@ -116,6 +117,12 @@ def docs_section(result: dict, command: str) -> str:
         "is more than 15% (and more than 1) away from the model's mean; † it is outside the model's range.",
         "",
         table(result),
+        "",
+        "Cycle by cycle: " + "; ".join(
+            f"`{m}` {c['consistent']} of {c['node_visits']} visits of an overutilised node in {c['cycles']} cycles"
+            for m, c in result["cycle_check"].items())
+        + " started, skipped and stopped exactly as the simulator's descheduler would have in the same state "
+        "(limits, in-flight entries; `tests/e2e/outcome/cycles.py`).",
         "",
         END,
     ])

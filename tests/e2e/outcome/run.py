@@ -21,6 +21,8 @@ from app.sim.guards import parse_mode
 from app.sim.scenario import Scenario
 from tests.e2e.controlplane import ROOT, ControlPlane, free_port
 from tests.e2e.guard import GuardProcess, install_chart
+from tests.e2e.outcome.cycles import check as check_cycles
+from tests.e2e.outcome.cycles import parse as parse_cycles
 from tests.e2e.outcome.descheduler import Descheduler, install_rbac
 from tests.e2e.outcome.figures import real_figures
 from tests.e2e.outcome.prometheus import SCORE, Prometheus
@@ -63,6 +65,7 @@ class ModeRun:
     score_check: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     cycles: list[float] = field(default_factory=list)  # run times of the descheduler's cycles
+    cycle_check: dict = field(default_factory=dict)  # each cycle against the simulator's rules (cycles.py)
     wall_seconds: float = 0.0
 
 
@@ -122,6 +125,7 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         counted = ds.evictions()
         ds.stop()
         cycles = ds.cycles(wall0)
+        cycle_check = check_cycles(parse_cycles(ds.log.read_text(errors="replace")), settings)
         actor.wait(timeout=90)
         if actor.returncode != 0:
             raise RuntimeError(f"the actor exited {actor.returncode}:\n{actor_log.read_text()[-3000:]}")
@@ -139,7 +143,8 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         if result["foreign_annotations"]:
             notes.append(f"eviction-in-progress found on {len(result['foreign_annotations'])} pod(s) whose VMI was not "
                          f"marked (removed again): {result['foreign_annotations'][:3]}")
-        return ModeRun(name, figures, counted, guard_reasons, score_check, notes, cycles, time.monotonic() - t_start)
+        return ModeRun(name, figures, counted, guard_reasons, score_check, notes, cycles, cycle_check,
+                       time.monotonic() - t_start)
     finally:
         for p in reversed(procs):
             p.stop()
