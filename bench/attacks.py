@@ -96,16 +96,21 @@ def status(pid: int) -> dict[str, int]:
 class Guard:
     """``python -m app serve`` from a source tree, on free ports, with a self-signed certificate."""
 
-    def __init__(self, tree: Path, workdir: Path, *extra: str, stderr_unread: bool = False) -> None:
+    def __init__(self, tree: Path, workdir: Path, *extra: str, stderr_unread: bool = False,
+                 kubeconfig: Path | None = None) -> None:
+        """Snapshot mode (``snapshot_doc``), or watching the API server of ``kubeconfig``."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.certs = write_certs(issue_certs("kubevirt-eviction-guard", "test"), workdir / "certs")
-        snap = workdir / "snapshot.yaml"
-        snap.write_text(yaml.safe_dump(snapshot_doc()))
+        if kubeconfig is None:
+            snap = workdir / "snapshot.yaml"
+            snap.write_text(yaml.safe_dump(snapshot_doc()))
+            source = ["--snapshot", str(snap), "--now", "2026-11-21T12:00:00Z"]
+        else:
+            source = ["--kubeconfig", str(kubeconfig), "--no-descheduler-check"]
         self.port, self.metrics_port = free_port(), free_port()
         cmd = [sys.executable, "-m", "app", "--log-format", "json", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--metrics-port", str(self.metrics_port), "--shutdown-drain", "0s",
-               "--tls-cert", str(self.certs["cert"]), "--tls-key", str(self.certs["key"]),
-               "--snapshot", str(snap), "--now", "2026-11-21T12:00:00Z", *extra]
+               "--tls-cert", str(self.certs["cert"]), "--tls-key", str(self.certs["key"]), *source, *extra]
         self.log = workdir / f"guard-{self.port}.log"
         self._log = self.log.open("wb")
         env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -368,13 +373,17 @@ def held_bodies(guard: Guard, n: int = 300) -> dict:
     return {"connections": n, "body_bytes": limit - 1, **summary(when, 20.0)}
 
 
+FORGED_USER = 'mallory\n12:00:00 INFO    allowed by the guard user=admin\x1b[2J\x1b[31m'
+
+
 def log_amplification(guard: Guard, n: int = 150) -> dict:
-    """``n`` reviews whose user, requester, reason and pod name are as long as the body limit allows, while
-    nobody reads the guard's stderr; then the longest log line it wrote."""
+    """``n`` reviews whose user (with a newline, a forged text log line and ANSI escapes), requester, reason and
+    pod name are as long as the body limit allows, while nobody reads the guard's stderr (text-format logs); then
+    the longest log line it wrote, and the lines that hold a control character."""
     limit = body_limit(guard)
 
     def big(size: int) -> bytes:
-        return review(pod="virt-launcher-" + "p" * size, username="u\n\x1b[31m" + "u" * size,
+        return review(pod="virt-launcher-" + "p" * size, username=FORGED_USER + "u" * size,
                       requested_by="\n\x1b[31m" + "r" * size, reason="x" * size)
 
     size = limit // 5  # the pod's name is in the review twice
@@ -388,12 +397,40 @@ def log_amplification(guard: Guard, n: int = 150) -> dict:
     return {"requests": n, "request_bytes": len(body), "answered": answered}
 
 
+def forged_events(guard: Guard, api, n: int = 20, wait: float = 35.0) -> dict:
+    """``n`` forged descheduler evictions of a real, quiet VM's launcher pod (nothing is evicted, so no migration
+    follows), with ``FORGED_USER`` as the user; then the EvictionAllowed Events the guard wrote within ``wait``
+    seconds (the guard's look-out for the migration gives up after about 30 s)."""
+    for i in range(n):
+        request(guard, "POST", "/validate", review(uid=f"forged-{i}", username=FORGED_USER))
+    time.sleep(wait)
+    allowed = [e for e in api.events() if e.get("reason") == "EvictionAllowed"]
+    return {"forged": n, "eviction_allowed_events": len(allowed), "counted": sum(e.get("count", 1) for e in allowed),
+            "events_with_control_chars": sum(any(ord(c) < 32 for c in e["message"]) for e in allowed)}
+
+
+@contextlib.contextmanager
+def fake_cluster(workdir: Path) -> Iterator[tuple[object, Path]]:
+    """The in-repo fake API server (tests/fakeapi) with the snapshot's node, VM and launcher pod."""
+    from tests.fakeapi import FakeApiServer
+    from tests.fakeapi import objects as o
+
+    with FakeApiServer(bookmark_interval=1.0) as api:
+        api.put(o.node("worker-a"))
+        api.put(o.vmi("vms", "vm-0", node="worker-a", uid="uid-vm-0", created=time.time() - 86400))
+        api.put(o.launcher_pod("vms", "vm-0", "worker-a", name=REVIEW_POD, vmi_uid="uid-vm-0"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        yield api, api.write_kubeconfig(workdir / "kubeconfig")
+
+
 @dataclass(frozen=True)
 class Attack:
     name: str
     what: str
-    run: Callable[[Guard], dict]
+    run: Callable[..., dict]
     stderr_unread: bool = False
+    extra: tuple[str, ...] = ()
+    cluster: bool = False  # against the fake API server (live mode), run(guard, api)
 
 
 ATTACKS = [
@@ -403,18 +440,29 @@ ATTACKS = [
     Attack("idle_metrics", "an idle and a 1-byte-per-second connection to the metrics port", idle_metrics),
     Attack("never_tls", "2,000 TCP connections that never start TLS", held_connections),
     Attack("held_bodies", "300 connections each holding a body one byte short of the limit", held_bodies),
-    Attack("log_amplification", "150 reviews with fields as long as the body limit allows, stderr not read",
-           log_amplification, stderr_unread=True),
+    Attack("log_amplification", "150 reviews with fields as long as the body limit allows (a user name with a "
+           "newline, a forged log line and ANSI escapes), text logs, stderr not read",
+           log_amplification, stderr_unread=True, extra=("--log-format", "text")),
+    Attack("forged_events", "20 forged descheduler reviews of a real launcher pod, user name with a newline and "
+           "ANSI escapes", forged_events, cluster=True),
 ]
 
 
 def run_attack(tree: Path, workdir: Path, attack: Attack) -> dict:
-    guard = Guard(tree, workdir / attack.name, stderr_unread=attack.stderr_unread)
+    if attack.cluster:
+        with fake_cluster(workdir / attack.name) as (api, kubeconfig):
+            return _run_attack(tree, workdir, attack, api, kubeconfig)
+    return _run_attack(tree, workdir, attack)
+
+
+def _run_attack(tree: Path, workdir: Path, attack: Attack, api=None, kubeconfig: Path | None = None) -> dict:
+    guard = Guard(tree, workdir / attack.name, *attack.extra, stderr_unread=attack.stderr_unread,
+                  kubeconfig=kubeconfig)
     try:
         prober = Prober(guard)
         with Memory(guard.proc.pid) as mem, prober.running():
             started = time.monotonic()
-            outcome = attack.run(guard)
+            outcome = attack.run(guard, api) if attack.cluster else attack.run(guard)
             outcome["attack_s"] = round(time.monotonic() - started, 1)
         outcome["rss_growth_mib"] = mem.growth_mib
         outcome["rss_before_mib"] = round(mem.rss0 / 1024, 1)
@@ -426,6 +474,7 @@ def run_attack(tree: Path, workdir: Path, attack: Attack) -> dict:
         lines = rest.splitlines() or [b""]
         outcome["longest_log_line_bytes"] = max(len(line) for line in lines)
         outcome["log_lines_with_control_chars"] = sum(any(c < 32 for c in line) for line in lines)
+        outcome["forged_log_lines"] = sum(line.startswith(b"12:00:00 INFO    allowed by the guard") for line in lines)
     return outcome
 
 
@@ -461,9 +510,12 @@ def _cell(name: str, r: dict) -> str:
                 else f"{r['still_open']:,} of {r['connections']:,} open after {r['waited_s']:g} s")
         if name == "held_bodies":
             what = f"{r['body_bytes'] / 1024:,.0f} KiB each; {what}"
-    else:
+    elif name == "log_amplification":
         what = (f"{r['request_bytes'] / 1024:,.0f} KiB each; longest log line {r['longest_log_line_bytes'] / 1024:,.1f} KiB, "
-                f"{r['log_lines_with_control_chars']} lines with control characters")
+                f"{r['log_lines_with_control_chars']} lines with control characters, {r['forged_log_lines']} forged lines")
+    else:
+        what = (f"{r['eviction_allowed_events']} `EvictionAllowed` Events (count {r['counted']}) for {r['forged']} "
+                f"forged reviews and the prober's, {r['events_with_control_chars']} with control characters")
     return f"{grow}; {what}; probes {r['probes_answered']}"
 
 
