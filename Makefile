@@ -69,17 +69,27 @@ simulate: $(SIM_STAMP)
 	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out \
 	  --readme docs/simulator.md
 
-# Pins for the container image: the working virtualenv, frozen (the Dockerfile installs with --constraint).
+# Pins with hashes for the container image (the Dockerfile installs with --require-hashes): the runtime
+# dependencies in constraints.txt, the build backend in build-constraints.txt, both at the versions of the working
+# virtualenv (what `make test` tested), resolved and hashed by pip-tools from PyPI.
+PIPTOOLS = $(PY) -m piptools compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+	--no-emit-find-links --constraint build/venv-freeze.txt
 constraints: $(STAMP)
-	@{ echo "# Pinned versions for the container image (Dockerfile: pip install --constraint constraints.txt)."; \
-	  echo "# Regenerate with 'make constraints' after 'make setup' (pip freeze of the working virtualenv)."; \
-	  $(PY) -m pip freeze --exclude-editable --disable-pip-version-check; } > constraints.txt
+	$(PY) -m pip install -q --disable-pip-version-check 'pip-tools>=7.4,<8'
+	@mkdir -p build
+	$(PY) -m pip freeze --exclude-editable --disable-pip-version-check > build/venv-freeze.txt
+	$(PIPTOOLS) --output-file constraints.txt pyproject.toml
+	$(PIPTOOLS) --only-build-deps --all-build-deps --output-file build-constraints.txt pyproject.toml
 
-# The reliability tests (API faults, replicas, forged reviews; all part of `make test`) with their figures
-# printed; also written to build/reliability/*.json.
+# The reliability tests (API faults, replicas, forged reviews, hostile clients; all part of `make test`) with their
+# figures printed; also written to build/reliability/*.json. Then the hostile-client attacks (bench/attacks.py)
+# against this tree and against RELIABILITY_BEFORE (the last commit without the bounds on clients, checked out in a
+# temporary worktree), written into docs/reliability.md.
+RELIABILITY_BEFORE ?= 6589bde3d557bd8f48f52528d13ee854c85b96ed
 reliability: $(STAMP)
 	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
-	  tests/effects/test_forged_reviews.py
+	  tests/effects/test_forged_reviews.py tests/test_hostile_clients.py
+	$(PY) -m bench.attacks --before $(RELIABILITY_BEFORE) --out build/reliability/attacks.json --doc docs/reliability.md
 
 # Performance: the guard next to a plain FastAPI route served by plain uvicorn (bench/plain.py, bench/run.py).
 # wrk (Debian) drives the saturation runs when it can be installed; else the Python generator does.

@@ -65,9 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", required=True, metavar="FILE")
     serve.add_argument("--tls-key", required=True, metavar="FILE")
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA")
-    serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    serve.add_argument("--request-timeout", default="10s", help="a request must arrive whole within this (slow clients)")
-    serve.add_argument("--idle-timeout", default="30s", help="close connections idle this long")
+    bounds = serve.add_argument_group("bounds on clients (both ports)")
+    bounds.add_argument("--max-body-bytes", type=int, default=64 * 1024, metavar="N",
+                        help="larger request bodies get 413 and the connection is closed (default 65536)")
+    bounds.add_argument("--max-header-bytes", type=int, default=16 * 1024, metavar="N",
+                        help="request line and headers of one request; past it 431 and close (default 16384)")
+    bounds.add_argument("--max-headers", type=int, default=100, metavar="N",
+                        help="headers in one request; past it 431 and close (default 100)")
+    bounds.add_argument("--max-connections", type=int, default=512, metavar="N",
+                        help="open connections per port, counted before TLS; a new one past it closes the one "
+                             "whose handshake, request or idle wait began longest ago (default 512)")
+    bounds.add_argument("--tls-handshake-timeout", default="10s", metavar="GO_DURATION",
+                        help="close connections that have not finished TLS within this (default 10s)")
+    bounds.add_argument("--request-timeout", default="10s", metavar="GO_DURATION",
+                        help="a request must arrive whole within this (slow clients)")
+    bounds.add_argument("--idle-timeout", default="30s", metavar="GO_DURATION", help="close connections idle this long")
     serve.add_argument("--graceful-timeout", default="20s", help="on SIGTERM, wait this long for in-flight requests")
     serve.add_argument("--shutdown-drain", default="3s",
                        help="on SIGTERM, report not ready and keep serving this long first (endpoint removal lag)")

@@ -81,6 +81,13 @@ class Metrics:
                                           "Stuck descheduler evacuations the guard cancelled (evacuate/cancel), by outcome",
                                           ["outcome", "node", "namespace"], registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
+        # the HTTP bounds (app/admission/protocol.py); listener is webhook | metrics, reason is capacity |
+        # tls_handshake | headers | request_timeout
+        self.connections_closed = Counter(PREFIX + "connections_closed_total",
+                                          "Connections closed by a bound on clients, by listener and reason",
+                                          ["listener", "reason"], registry=r)
+        self.open_connections = Gauge(PREFIX + "open_connections", "Open connections, counted before TLS",
+                                      ["listener"], registry=r)
         # the children counted on the request path (see Children)
         self.decisions_by = Children(self.decisions)
         self.blocks_by = Children(self.blocks)

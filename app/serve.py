@@ -55,6 +55,9 @@ class GuardServer(uvicorn.Server):
         timer.daemon = True
         timer.start()
 
+    def _log_started_message(self, listeners) -> None:
+        """uvicorn's line would say http:// (TLS is the protocol's, not uvicorn's); serve logs the URL itself."""
+
     @contextlib.contextmanager
     def capture_signals(self):
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -192,18 +195,36 @@ def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics,
                    annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users)
 
 
-def serve(args: argparse.Namespace) -> int:
-    ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
-    for flag in ("request_timeout", "idle_timeout", "graceful_timeout", "shutdown_drain"):
+def http_limits(args: argparse.Namespace) -> protocol.HttpLimits:
+    """The bounds on clients from serve's flags (durations parsed in place); a bad one is a UsageError naming it."""
+    for flag in ("request_timeout", "idle_timeout", "graceful_timeout", "shutdown_drain", "tls_handshake_timeout"):
         raw = getattr(args, flag)
         try:
-            value = parse_duration(raw)
+            value = parse_duration(raw) if isinstance(raw, str) else float(raw)
         except ValueError as e:
             raise UsageError(f"--{flag.replace('_', '-')}: {e}") from None
         if value < 0 or (value == 0 and flag != "shutdown_drain"):
             raise UsageError(f"--{flag.replace('_', '-')}: must be positive, got {raw}")
         setattr(args, flag, value)
-    protocol.GuardHttpProtocol.request_timeout = args.request_timeout
+    for flag, least in (("max_header_bytes", 1024), ("max_headers", 16), ("max_connections", 8)):
+        if getattr(args, flag) < least:
+            raise UsageError(f"--{flag.replace('_', '-')}: must be at least {least}, got {getattr(args, flag)}")
+    return protocol.HttpLimits(request_timeout=args.request_timeout, max_header_bytes=args.max_header_bytes,
+                               max_headers=args.max_headers, max_connections=args.max_connections,
+                               tls_handshake_timeout=args.tls_handshake_timeout)
+
+
+def listener_protocol(limits: protocol.HttpLimits, metrics: Metrics, listener: str, tls=None):
+    """The protocol class of one port, its bounds counted in ``metrics``."""
+    closed = metrics.connections_closed
+    cls = protocol.protocol_class(limits, tls, on_close=lambda reason: closed.labels(listener, reason).inc())
+    metrics.open_connections.labels(listener).set_function(lambda: len(cls.table))
+    return cls
+
+
+def serve(args: argparse.Namespace) -> int:
+    ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
+    limits = http_limits(args)
     raise_fd_limit()
     policy_settings(args), stale_after(args), cancel_interval(args)  # refuse bad settings before touching the cluster
     cluster = None if args.snapshot else live_cluster(args, Metrics())
@@ -214,20 +235,17 @@ def serve(args: argparse.Namespace) -> int:
         create_app(ctx),
         host=args.host,
         port=args.port,
-        ssl_certfile=args.tls_cert,
-        ssl_keyfile=args.tls_key,
         loop="auto",
-        http=protocol.GuardHttpProtocol,
+        # TLS 1.2 minimum, optional client-certificate verification; started by the protocol (see protocol.py)
+        http=listener_protocol(limits, ctx.metrics, "webhook", tls=ssl_ctx),
         log_config=None,
         access_log=False,
         timeout_keep_alive=args.idle_timeout,
         timeout_graceful_shutdown=args.graceful_timeout,
         backlog=2048,
     )
-    config.load()
-    config.ssl = ssl_ctx  # ours: TLS 1.2 minimum, optional client-certificate verification
     batch_writes()  # one log line per decision: write them in batches (logs.BatchingStreamHandler)
-    background = start_background(args, ssl_ctx, ctx)
+    background = start_background(args, ssl_ctx, ctx, limits)
     log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings),
                                "source": args.snapshot or "live cluster"})
     if cluster is not None:
@@ -254,7 +272,7 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> list:
+def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: protocol.HttpLimits) -> list:
     """What lives beside the HTTPS server: certificate reload, the plain-HTTP metrics port, the descheduler check."""
     if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
         raise UsageError(f"--metrics-port: must be a free port other than --port {args.port}, got {args.metrics_port}")
@@ -265,7 +283,9 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> li
         from app.metrics_server import MetricsServer
 
         try:
-            parts.append(MetricsServer(ctx, args.host, args.metrics_port).start())
+            metrics_protocol = listener_protocol(limits, ctx.metrics, "metrics")
+            parts.append(MetricsServer(ctx, args.host, args.metrics_port, metrics_protocol,
+                                       idle_timeout=args.idle_timeout).start())
         except OSError as e:
             raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:

@@ -15,6 +15,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
+# TLS 1.2: forward-secret AEAD suites only (no CBC), what Go's crypto/tls, and so kube-apiserver, offers first
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+
+
 class TLSError(ValueError):
     """A certificate or key the guard refuses to serve with; the text names the file."""
 
@@ -38,10 +42,11 @@ def check_certificate(cert_path: str | Path, now: dt.datetime | None = None) -> 
 
 
 def server_context(cert_path: str | Path, key_path: str | Path, client_ca: str | Path | None = None) -> ssl.SSLContext:
-    """An SSLContext for serving: TLS 1.2+, the given pair, optionally requiring client certs."""
+    """An SSLContext for serving: TLS 1.2+ (AEAD suites on 1.2), the given pair, optionally requiring client certs."""
     check_certificate(cert_path)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)  # TLS 1.3's suites are all AEAD and not affected
     try:
         ctx.load_cert_chain(str(cert_path), str(key_path))
     except FileNotFoundError as e:

@@ -287,6 +287,22 @@ def test_tls_below_1_2_is_refused(guard) -> None:
             ctx.wrap_socket(raw, server_hostname="localhost")
 
 
+@pytest.mark.parametrize("suite", ["ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA", "ECDHE-ECDSA-AES128-SHA256"])
+def test_tls_1_2_offers_no_cbc_suite(guard, suite) -> None:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(suite)
+    with socket.create_connection(("127.0.0.1", guard.port), timeout=5) as raw:
+        with pytest.raises(ssl.SSLError):
+            ctx.wrap_socket(raw, server_hostname="localhost")
+    ctx.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")  # an AEAD suite: fine
+    with socket.create_connection(("127.0.0.1", guard.port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            assert tls.cipher()[0] == "ECDHE-ECDSA-AES128-GCM-SHA256"
+
+
 def test_server_clock_matches_builders() -> None:
     assert ts(0) == NOW_ARG
 

@@ -161,8 +161,10 @@ def test_bad_prometheus_flags_stop_start_up(snapshot_file, tmp_path, capsys) -> 
     base[2], base[4] = str(certs["cert"]), str(certs["key"])
     for extra, text in ((["--prometheus-url", "thanos:9091"], "--prometheus-url: must be an http(s) URL"),
                         (["--prometheus-url", "http://p:9090", "--prometheus-interval", "0s"], "--prometheus-interval"),
-                        (["--prometheus-url", "http://p:9090", "--prometheus-token-file", str(tmp_path / "none")],
+                        (["--prometheus-url", "https://p:9090", "--prometheus-token-file", str(tmp_path / "none")],
                          "--prometheus-token-file"),
+                        (["--prometheus-url", "http://p:9090", "--prometheus-token-file", str(certs["ca"])],
+                         "--prometheus-url: must be https:// when --prometheus-token-file is given"),
                         (["--prometheus-url", "http://p:9090", "--prometheus-ca", str(snapshot_file)], "--prometheus-ca"),
                         (["--steering-min-gain", "120"], "steeringMinGain")):
         assert cli_main([*base, *extra]) == 2

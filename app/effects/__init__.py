@@ -2,7 +2,8 @@
 and, apart from decisions, the VMIs' migration history (``history.py``).
 
 Denials get an ``EvictionBlocked`` Event; allowed descheduler evictions of a VM's
-pod (reason ``allowed``) an ``EvictionAllowed`` one (``events.py``).
+pod (reason ``allowed``) an ``EvictionAllowed`` one, once the watch shows the
+migration they started (``events.py``).
 
 ``Effects.on_decision`` is the admission server's hook. It runs on the request
 path, so it only logs and queues: the API writes happen on the background
@@ -101,7 +102,7 @@ class Effects:
             return
         if decision.allowed:
             if self.events is not None and decision.reason == Reason.ALLOWED and self._from_descheduler(review):
-                self.events.record(review, decision)
+                self.events.record_allowed(self.view, review, decision)  # once the watch shows the migration
             return
         if self.events is not None:
             self.events.record(review, decision)
