@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     fx.add_argument("--cancel-interval", metavar="GO_DURATION", default="30s",
                     help="how often the canceller looks for stuck evacuations (default 30s)")
     serve.add_argument("--stale-after", metavar="GO_DURATION", default=None,
-                       help="fail open for a kind whose watch has been broken this long (default 2m; also staleAfter in --config)")
+                       help="presume an open watch dead after this long without a word from the API server (which sends a "
+                            "bookmark about every minute); a broken watch fails open at once (default 2m; also "
+                            "staleAfter in --config)")
     serve.add_argument("--tls-reload-interval", type=float, default=5.0, metavar="SECONDS",
                        help="how often to look for a rotated certificate/key (0: never reload)")
     serve.add_argument("--metrics-port", type=int, default=0,

@@ -8,38 +8,38 @@ Each test is one kind of fault, run while that traffic flows:
 
 - watch streams cut every 1.2 s (abruptly, and cleanly as at ``timeoutSeconds``);
 - repeated 410 Expired (compaction with the open watches told at once);
-- the API answering 500 to every list and watch for longer than the threshold;
+- the API answering 500 to every list and watch for 3.5 s;
 - the API answering 429 with ``Retry-After: 1``;
-- the API down (connection refused) for longer than the threshold, while
-  3,000 VMI changes and then the probe's own change pile up behind it;
+- the API down (connection refused) for 3.5 s, while 3,000 VMI changes and
+  then the probe's own change pile up behind it;
 - every open watch going silent without closing (a dead connection, no FIN);
 - then 30 more cut/410 cycles, with the guard's RSS, threads and open file
   descriptors read from ``/proc`` before and after.
 
 Scaled down from the issue's "a minute" and "60 s", to stay within a few tens
-of seconds on a shared 2-core machine: the staleness threshold is 2 s instead
-of the default 2 min, and every outage lasts 3.5 s, longer than it, so "down
-for longer than the threshold" is exercised as in production, in seconds.
-Cuts come every 1.2 s (issue: "every few seconds") five times, and 30 more
+of seconds on a shared 2-core machine: every outage lasts 3.5 s, and the
+silence after which an open watch is presumed dead (``--stale-after``) is 2 s
+instead of the default 2 min. Cuts come every 1.2 s (issue: "every few seconds") five times, and 30 more
 cycles follow in the last test. The guard's retry timings are the production
 ones (backoff 0.8 s doubling, capped at 30 s), so the recovery times measured
 are real for outages this long; after a 60 s outage recovery may take up to
-the 30 s cap (failing open, ``cache_stale``, until then).
+the 30 s cap, or one list after the first eviction that finds the guard stale
+(a decision wakes the loops: the API server that sent it is evidently back).
 
 What is asserted, throughout:
 
 - every well-behaved request is answered 200 with a well-formed review
   (client timeout 5 s): zero transport errors, zero 5xx;
-- **no decision on data older than the threshold**: the test keeps the
-  probe VM's history (migrating / quiet, with the monotonic times each state
-  was current in the fake API). Every probe answer, from the traffic and from
-  the tight polling while the guard recovers, must be either the fail-open
-  ``cache_stale`` (allowed) or the decision of a state that was current at
-  some moment no earlier than ``sent - threshold - 1 s`` (1 s of slack for the
-  guard noticing the break and for scheduling on a loaded machine);
-- during an outage longer than the threshold the guard does fail open
-  (``cache_stale``) and stays ready, and after it the probe is decided on the
-  change made during the outage;
+- **no decision on old data**: the test keeps the probe VM's history
+  (migrating / quiet, with the monotonic times each state was current in the
+  fake API). Every probe answer, from the traffic and from the tight polling
+  while the guard recovers, must be either the fail-open ``cache_stale``
+  (allowed) or the decision of a state that was current at some moment no
+  earlier than ``sent - 1 s`` (slack for the guard noticing a break and for
+  scheduling on a loaded machine): a broken watch makes its kind stale at once,
+  and only a relist makes it current again;
+- during an outage the guard fails open (``cache_stale``) and stays ready, and
+  after it the probe is decided on the change made during the outage;
 - every loop recovers: ``/readyz`` 200 with no stale kind, ``cache_synced`` 1
   for every kind, ``watch_restarts_total`` counted under the fault's cause;
 - no growth: RSS within +20 MB, threads and file descriptors back to where
@@ -110,6 +110,7 @@ class ProbeHistory:
 
     api: FakeApiServer
     spans: list[list] = field(default_factory=list)  # [state, current from, current until or None]
+    allowance: float = SLACK  # how old a decision's data may be: a silent watch is only presumed dead later
 
     @property
     def state(self) -> str:
@@ -127,13 +128,13 @@ class ProbeHistory:
         return self.state
 
     def too_old(self, a: Answer) -> str:
-        """Why answer ``a`` about the probe was decided on data older than the threshold ("" if it was not)."""
+        """Why answer ``a`` about the probe was decided on data older than ``allowance`` ("" if it was not)."""
         if a.reason == FAIL_OPEN:
             return "" if a.allowed else "cache_stale but denied"
         state = STATE_OF_REASON.get(a.reason)
         if state is None:
             return f"unexpected reason {a.reason!r}"
-        horizon = a.sent - STALE_AFTER - SLACK
+        horizon = a.sent - self.allowance
         for s, since, until in self.spans:
             if s == state and since <= a.received and (until is None or until >= horizon):
                 return ""
@@ -220,7 +221,7 @@ def phase(env: Env, name: str):
     assert len(answers) > 50, "the traffic thread barely ran"
     assert traffic.failures() == [], f"{len(traffic.failures())} requests failed, first: {traffic.failures()[0]}"
     too_old = [why for a in answers if a.pod == PROBE and (why := env.probe.too_old(a))]
-    assert too_old == [], f"{len(too_old)} decisions on data older than the threshold, first: {too_old[0]}"
+    assert too_old == [], f"{len(too_old)} decisions on old data, first: {too_old[0]}"
     assert all(samples[("kubevirt_eviction_guard_cache_synced", frozenset({("kind", k)}))] == 1
                for k in ("vmi", "vmim", "pod", "node"))
 
@@ -251,7 +252,8 @@ def answers_between(p: Phase, start: float, end: float, pod: str = PROBE) -> lis
 
 def test_watch_streams_cut_every_few_seconds(env):
     """5 cuts 1.2 s apart, every third one clean; the probe changes right after each cut, while the watches
-    reconnect: each change reaches the decision without the guard ever having to fail open."""
+    reconnect: each change reaches the decision. An abrupt cut may have lost events, so the kinds fail open
+    (``cache_stale``) until they are relisted; a clean end (the server's timeout) resumes without failing open."""
     fresh(env)
     with phase(env, "watch_cuts") as p:
         seen = []
@@ -263,7 +265,6 @@ def test_watch_streams_cut_every_few_seconds(env):
             time.sleep(max(0.0, 1.2 - (time.monotonic() - began)))
         p.figures.update(cuts=5, change_seen_after_s_max=max(seen), change_seen_after_s_median=statistics.median(seen))
     assert max(seen) < STALE_AFTER
-    assert env.figures["watch_cuts"]["cache_stale_answers"] == 0
     assert env.figures["watch_cuts"]["watch_restarts"].get("connection", 0) >= 4 * 4  # 4 abrupt cuts x 4 kinds
 
 
@@ -286,8 +287,8 @@ def test_repeated_410_expired_relists_and_carries_on(env):
 
 
 def test_api_answering_500_for_longer_than_the_threshold(env):
-    """Every list and watch answered 500 for 3.5 s (the threshold is 2 s), the probe's migration finishing
-    meanwhile: denials turn into cache_stale after the threshold, and the change is decided after recovery."""
+    """Every list and watch answered 500 for 3.5 s, the probe's migration finishing meanwhile: denials turn into
+    cache_stale at once (the broken kinds are stale), and the change is decided after recovery."""
     if env.probe.state != MIGRATING:
         env.probe.set(MIGRATING)
     fresh(env)
@@ -300,7 +301,7 @@ def test_api_answering_500_for_longer_than_the_threshold(env):
         time.sleep(OUTAGE - 0.2)
         env.api.clear_faults()
         p.figures["recovery_s"] = fresh(env)
-        stale = [a for a in answers_between(p, broke + STALE_AFTER + SLACK, broke + OUTAGE)]
+        stale = [a for a in answers_between(p, broke + SLACK, broke + OUTAGE)]
     assert stale and all(a.reason == FAIL_OPEN and a.allowed for a in stale)
     assert env.figures["http_500"]["watch_restarts"].get("server_error", 0) >= 4
 
@@ -325,10 +326,10 @@ def test_api_throttling_429_honours_retry_after(env):
 
 
 def test_api_down_for_longer_than_the_threshold(env):
-    """Connection refused for 3.5 s (threshold 2 s). Meanwhile 3,000 VMI changes and then the probe's end of
-    migration pile up in the API's history. During the outage the guard stays ready and says which kinds are
-    stale, denials become cache_stale; once the API is back, no answer is decided on the pre-outage probe while
-    the backlog is caught up, and the probe's change is in the decision."""
+    """Connection refused for 3.5 s. Meanwhile 3,000 VMI changes and then the probe's end of migration pile up in
+    the API's history. During the outage the guard stays ready and says which kinds are stale, denials become
+    cache_stale at once; once the API is back, no answer is decided on the pre-outage probe while the kinds are
+    relisted, and the probe's change is in the decision."""
     if env.probe.state != MIGRATING:
         env.probe.set(MIGRATING)
     fresh(env)
@@ -341,14 +342,14 @@ def test_api_down_for_longer_than_the_threshold(env):
                                   migration=o.migration_state(start=time.time() - 86400 * 3 - rnd, end=time.time()
                                                               - 86400 * 3, source_node="n1", target_node="n3")))
         env.probe.set(QUIET_STATE)
-        time.sleep(max(0.0, broke + STALE_AFTER + SLACK - time.monotonic()))
+        time.sleep(max(0.0, broke + SLACK - time.monotonic()))
         with env.guard.client() as http:
             ready = http.get("/readyz")
         time.sleep(max(0.0, broke + OUTAGE - time.monotonic()))
         env.api.up()
         p.figures["outage_s"] = round(time.monotonic() - broke, 1)
         p.figures["recovery_s"] = fresh(env)
-        stale = answers_between(p, broke + STALE_AFTER + SLACK, broke + OUTAGE)
+        stale = answers_between(p, broke + SLACK, broke + OUTAGE)
     assert ready.status_code == 200 and ready.json()["stale"] == ["node", "pod", "vmi", "vmim"]
     assert stale and all(a.reason == FAIL_OPEN and a.allowed for a in stale)
     assert env.figures["api_down"]["watch_restarts"].get("connection", 0) >= 4
@@ -362,12 +363,17 @@ def test_a_watch_that_goes_silent_is_reopened_within_the_threshold(env):
     with env.guard.client() as http:
         idle = lambda: restarts_by_cause(scrape(http)).get("idle", 0)  # noqa: E731
         idle_before = idle()
-        with phase(env, "silent_watch") as p:
-            stalled = env.api.stall_streams()
-            env.probe.toggle()
-            p.figures["change_seen_after_s"] = fresh(env)
-            eventually(lambda: idle() >= idle_before + 4, timeout=STALE_AFTER + SLACK, what="every kind to reopen")
-            env.api.cut_streams()  # end the stalled handlers on the fake's side
+        env.probe.allowance = STALE_AFTER + SLACK  # no one can tell a silent watch from a quiet one any sooner
+        try:
+            with phase(env, "silent_watch") as p:
+                stalled = env.api.stall_streams()
+                env.probe.toggle()
+                p.figures["change_seen_after_s"] = fresh(env)
+                eventually(lambda: idle() >= idle_before + 4, timeout=STALE_AFTER + SLACK,
+                           what="every kind to reopen")
+                env.api.cut_streams()  # end the stalled handlers on the fake's side
+        finally:
+            env.probe.allowance = SLACK
     assert stalled >= 4
     assert p.figures["change_seen_after_s"] < STALE_AFTER + SLACK
 

@@ -351,6 +351,32 @@ def test_webhook_registration(mode, kind):
     assert 'object.metadata.name.startsWith("virt-launcher")' in condition["expression"]
 
 
+@pytest.mark.parametrize("kind", WEBHOOK_TYPES)
+def test_webhook_url_points_the_api_server_at_a_guard_outside_the_cluster(kind):
+    values = merge(CERT_MODES["secret"], {"webhook": {"type": kind, "url": "https://10.0.0.5:8443/guard"}})
+    docs = render(values)
+    (hook,) = webhook_config(docs)["webhooks"]
+    path = "/mutate" if kind == "mutating" else "/validate"
+    assert hook["clientConfig"] == {"url": f"https://10.0.0.5:8443/guard{path}", "caBundle": CA_B64}
+    _validate_all(docs)
+    # the ServiceAccount and its RBAC stay: the guard outside runs with that ServiceAccount's token
+    assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
+
+
+@pytest.mark.parametrize("mode", ["helm", "certManager"])
+def test_webhook_url_needs_the_users_own_certificate(chart, mode):
+    with pytest.raises(helm.HelmError, match="webhook.url needs certificates.mode secret"):
+        chart.render(merge(CERT_MODES[mode], {"webhook": {"url": "https://127.0.0.1:8443"}}), name=RELEASE,
+                     namespace=NS)
+
+
+@pytest.mark.parametrize("url", ["http://guard:8443", "https://guard:8443/", "https://user:pw@guard:8443",
+                                 "https://guard:8443/x?a=b", "https://guard:8443#f", "guard:8443", "https://"])
+def test_schema_refuses_webhook_urls_the_api_server_would_refuse(chart, url):
+    with pytest.raises(helm.HelmValuesError, match="/webhook/url"):
+        chart.render(merge(CERT_MODES["secret"], {"webhook": {"url": url}}), name=RELEASE, namespace=NS)
+
+
 def test_mutating_is_the_default_and_the_chart_says_why():
     assert webhook_config(render())["kind"] == "MutatingWebhookConfiguration"
     source = (CHART / "templates" / "webhook.yaml").read_text()

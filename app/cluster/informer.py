@@ -44,12 +44,21 @@ presumed dead and reopened; the time since it last spoke counts towards
 staleness. Capping the silence at the threshold is what keeps a dead but open
 watch (whose kind still looks healthy) from serving data older than it.
 
-Why relist, not resume, after an outage longer than the staleness threshold: a
-resumed watch counts as healthy the moment it opens, but the backlog it replays
-(every change made during the outage) takes a while to apply; in between, the
-kind would look fresh while holding data older than the threshold. A list
-replaces the whole kind in one step before the kind counts as fresh again.
-Shorter breaks resume as usual: their backlog is younger than the threshold.
+Why relist, not resume, after a break (a connection error, a 5xx, a 429, a
+410): while the watch is broken the kind counts as stale and decisions that
+need it fail open (health.py says why at once). A resumed watch would have to
+count as fresh the moment it opens, while the backlog it replays (every change
+made during the break) is still being applied, or after a kube-apiserver
+restart is answered with a 410 anyway. A list replaces the whole kind in one
+step, and only then is the kind fresh again. A watch that simply ends (the
+server's ``timeoutSeconds``) is no break: it resumes from where it was.
+
+Why a decision wakes a broken loop: the backoff below protects an API server
+that is down, but a decision is a request *from* an API server. When one finds
+a stale kind, the loop's wait is cut short (no sooner than ``min_retry`` after
+the last attempt, and never before a 429's ``Retry-After``), so after an
+outage the guard is current again about one list after the first eviction
+instead of up to ``backoff_cap`` later.
 
 Why raw JSON: ``_preload_content=False`` and orjson, never the client's model
 classes. Building ``V1Pod`` objects for 100,000 pods costs seconds of CPU and
@@ -140,6 +149,7 @@ class LoopOptions:
     backoff_base: float = 0.8
     backoff_cap: float = 30.0
     quick_end: float = 1.0  # a watch that ends this fast without news is backed off, not retried at once
+    min_retry: float = 1.0  # a decision may cut a backoff short, but no retry comes sooner than this after the last
 
 
 # ---- outcomes of one list+watch round -------------------------------------------------------------
@@ -163,6 +173,7 @@ class Outcome:
     retry_after: float = 0.0
     since: float | None = None  # when data last arrived, if earlier than now
     level: int = logging.WARNING
+    detail: str = ""  # the server's own words, for the log
 
 
 def _status_message(body: Any) -> str:
@@ -228,6 +239,8 @@ class Informer:
         self.last_heard = 0.0  # monotonic time of the last byte from a watch
         self._suspect_since: float | None = None  # wall time the last idle watch went quiet
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        status.wake = self.wake
         self._response: Any = None
         self._thread: threading.Thread | None = None
         self._last_problem = ""
@@ -243,12 +256,17 @@ class Informer:
     def stop(self) -> None:
         """Ask the loop to end and unblock its socket read (urllib3's ``shutdown`` exists for this)."""
         self._stop.set()
+        self._wake.set()
         resp = self._response
         if resp is not None:
             try:
                 getattr(resp, "shutdown", resp.close)()
             except Exception:  # already closed or half torn down: the flag is enough
                 pass
+
+    def wake(self) -> None:
+        """Retry now if backing off (a decision needs this kind; see the module docstring)."""
+        self._wake.set()
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -262,10 +280,6 @@ class Informer:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                if self.resource_version is not None and self.status.stale(self.stale_after()):
-                    log.info("watch broken for longer than the staleness threshold; relisting",
-                             extra={"kind": self.spec.kind})
-                    self.resource_version = None
                 if self.resource_version is None:
                     with self.list_gate:
                         self.resource_version = self._list()
@@ -345,8 +359,7 @@ class Informer:
             return 0
         self._streaming = True
         self.last_heard = time.monotonic()
-        self._suspect_since = None
-        self.status.healthy()
+        self._suspect_since = None  # the kind is not made healthy here: after a break only a list does that
         self._recovered()
         news = 0
         pending: list[bytes] = []
@@ -426,13 +439,13 @@ class Informer:
     def _classify(self, exc: BaseException) -> Outcome:
         what = self.spec.what
         if isinstance(exc, _Expired):
-            return Outcome("expired", relist=True, level=logging.INFO)
+            return Outcome("expired", relist=True, level=logging.INFO, detail=str(exc))
         if isinstance(exc, _ErrorEvent):
             return Outcome("error_event", problem=f"watch ERROR event {exc.code}: {exc.message}")
         if isinstance(exc, ApiException):
             code, message = exc.status or 0, _status_message(exc.body)
             if code == 410:
-                return Outcome("expired", relist=True, level=logging.INFO)
+                return Outcome("expired", relist=True, level=logging.INFO, detail=f"410: {message}")
             if code == 429:
                 return Outcome("throttled", problem=f"429 too many requests: {message}",
                                retry_after=_retry_after(exc.headers))
@@ -469,13 +482,15 @@ class Informer:
         if outcome.relist:
             self.resource_version = None
             self._expired_in_a_row += 1
-            log.info("resourceVersion expired; relisting", extra={"kind": kind})
+            self.status.broken(f"resourceVersion expired ({outcome.detail}): events were lost; relisting")
+            log.info("resourceVersion expired; relisting", extra={"kind": kind, "why": outcome.detail})
             if self._expired_in_a_row <= 1:
                 return  # relist at once; a second 410 in a row backs off like any failure
         delay = 0.0
         if outcome.problem:
             since = self._suspect_since if outcome.cause != "idle" else None
             self.status.broken(outcome.problem, since)
+            self.resource_version = None  # a break may have lost events: relist, never resume
             self._report(outcome)
             delay = max(self._next_delay(), outcome.retry_after)
         elif outcome.cause in ("closed_early",) or outcome.relist:
@@ -484,7 +499,15 @@ class Informer:
             self.failures = 0
         if delay:
             log.debug("retrying", extra={"kind": kind, "cause": outcome.cause, "delay_s": round(delay, 2)})
-            self._stop.wait(delay)
+            self._back_off(delay, floor=max(min(delay, self.opts.min_retry), outcome.retry_after))
+
+    def _back_off(self, delay: float, floor: float) -> None:
+        """Wait ``delay``, or only ``floor`` if ``wake()`` is called meanwhile."""
+        self._wake.clear()
+        if self._stop.wait(floor) or delay <= floor:
+            return
+        if self._wake.wait(delay - floor):
+            log.debug("woken by a decision: retrying now", extra={"kind": self.spec.kind})
 
     def _next_delay(self) -> float:
         self.failures += 1

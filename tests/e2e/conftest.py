@@ -1,0 +1,140 @@
+"""End-to-end tests against the real kube-apiserver, etcd, Helm and descheduler (marker ``e2e``; ``make e2e``).
+
+``make test`` never collects them (``-m 'not e2e'``). ``make e2e`` builds the pinned binaries first
+(``e2e/build.sh``); run here without them, every test fails with the command that builds them, never a silent skip.
+
+Each named check (``@pytest.mark.check("...")``) is recorded in ``build/e2e/summary.json`` with whether it passed
+and a detail line, beside the paths and versions of the binaries used and the outcome run's figures
+(``build/e2e/outcome.json``, written by the outcome test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cluster import Cluster
+from tests.e2e.controlplane import BIN, ROOT, ControlPlane, binary_version, missing_binaries
+from tests.e2e.guard import GuardProcess, Installation, install_chart
+
+SUMMARY = Path(os.environ.get("E2E_SUMMARY") or ROOT / "build" / "e2e" / "summary.json")
+OUTCOME = SUMMARY.with_name("outcome.json")
+_checks: dict[str, dict] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "check(name): a named end-to-end check, recorded in build/e2e/summary.json")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def binaries() -> Path:
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"e2e binaries missing in {BIN}: {', '.join(missing)}; build them with `make e2e` "
+                    "(or bash e2e/build.sh)", pytrace=False)
+    return BIN
+
+
+@pytest.fixture(scope="session")
+def e2e_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kveg-e2e-"))
+    yield d
+    if os.environ.get("E2E_KEEP") != "1":
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def control_plane(binaries: Path, e2e_dir: Path) -> Iterator[ControlPlane]:
+    cp = ControlPlane(e2e_dir / "control-plane", binaries).start()
+    try:
+        cp.install_crds()
+        yield cp
+    finally:
+        cp.stop()
+
+
+# The chart values every test shares: the canceller on, so that its evacuate/cancel rule is rendered and exercised.
+CHART_VALUES = {"cancelStuckEvacuations": {"enabled": True}}
+
+
+@pytest.fixture(scope="session")
+def installation(control_plane: ControlPlane, e2e_dir: Path) -> Installation:
+    """The chart, installed once per session by ``helm install`` (tests/e2e/guard.py)."""
+    return install_chart(control_plane, e2e_dir / "chart", values=CHART_VALUES)
+
+
+# Beside the chart's args, only what makes the session quicker without changing which calls the guard makes: Events
+# aggregated every 2 s instead of every minute, stuck evacuations looked for every 2 s instead of 30 s.
+GUARD_ARGS = ("--event-interval=2s", "--cancel-interval=2s")
+
+
+@pytest.fixture(scope="session")
+def guard(installation: Installation) -> Iterator[GuardProcess]:
+    """The guard as a local process with the chart's args, config and ServiceAccount token; ready (every kind listed)."""
+    g = GuardProcess(installation, GUARD_ARGS).start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+@pytest.fixture
+def detail(request: pytest.FixtureRequest) -> dict:
+    """A test's check detail: whatever it sets under ``detail["detail"]`` goes into the summary."""
+    d: dict = {}
+    request.node._e2e_detail = d
+    return d
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("check")
+    if marker is None or not (report.when == "call" or report.failed):
+        return
+    if report.passed:
+        detail = getattr(item, "_e2e_detail", {}).get("detail") or item.nodeid
+    else:
+        last = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+        detail = f"{item.name}: {report.when} failed: {last}"[:500]
+    name = marker.args[0]
+    prev = _checks.get(name)  # several tests may share a check: it passes only if all of them pass
+    _checks[name] = {"name": name, "passed": report.passed and (prev is None or prev["passed"]),
+                     "detail": detail if prev is None else f"{prev['detail']}; {detail}"}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _checks:  # not an e2e session
+        return
+    summary: dict = {}
+    for key, name in (("kube_apiserver", "kube-apiserver"), ("etcd", "etcd"), ("descheduler", "descheduler")):
+        path = BIN / name
+        summary[key] = {"path": str(path.resolve()), "version": binary_version(name) if path.exists() else None}
+    helm = BIN / "helm"
+    summary["helm"] = {"how": f"helm CLI built from helm.sh/helm/v4 ({binary_version('helm') if helm.exists() else '?'})",
+                       "path": str(helm.resolve())}
+    summary["checks"] = list(_checks.values())
+    if OUTCOME.exists():
+        summary["outcome"] = json.loads(OUTCOME.read_text())
+    SUMMARY.parent.mkdir(parents=True, exist_ok=True)
+    SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+@pytest.fixture(scope="session")
+def cluster(control_plane: ControlPlane, guard: GuardProcess) -> Cluster:
+    """Objects, evictions and the audit log of the control plane, synced against the session's guard."""
+    return Cluster(control_plane, guard)

@@ -1,0 +1,347 @@
+"""A real control plane for the end-to-end tests: etcd and kube-apiserver on loopback, like envtest.
+
+Built from the pinned sources in ``e2e/go.mod`` by ``e2e/build.sh`` (``make e2e``). Everything is private to one
+temporary folder: random ports, a CA that signs the API server's serving certificate and an admin client
+certificate (``O=system:masters``), a service-account signing key (so TokenRequest works and the guard can run with
+its chart ServiceAccount's own token), ``--authorization-mode=RBAC``. No kubelet, scheduler or controller-manager:
+whatever they would do, a test does itself.
+
+Departures from a production API server, each because nothing here would do that work: the ``ServiceAccount``
+admission plugin is off (no controller creates a namespace's ``default`` ServiceAccount, so pods could not be
+created); the API server does not compact etcd on its own (``--etcd-compaction-interval=0``): a test compacts it
+when it wants a watch to fall behind (``compact_etcd``). On SIGTERM the API server ends open watches cleanly
+within 2 s (``--shutdown-watch-termination-grace-period``), as API servers set up for graceful rollouts do; by
+default it would hold them open until killed, which makes a stop take 30 s here.
+
+An audit log (``audit.log``, level Metadata for every request, JSON lines) records who did what and what the
+authorizer and the admission webhooks said about it (``audit_events``): the RBAC check reads the guard's own calls
+from it, the eviction checks the webhook's audit annotations. ``install_crds`` registers the KubeVirt and
+KubeDescheduler CRDs of ``tests/e2e/crds`` (envtest's ``CRDDirectoryPaths``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("E2E_BIN") or ROOT / "build" / "e2e" / "bin")
+BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm")
+CRDS = Path(__file__).resolve().parent / "crds"
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata"}]}
+
+
+def missing_binaries(bin_dir: Path = BIN) -> list[str]:
+    return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def binary_version(name: str, bin_dir: Path = BIN) -> str:
+    """What the binary says of itself (``--version`` / ``version``), first line."""
+    args = {"kube-apiserver": ["--version"], "kubectl": ["version", "--client"], "etcd": ["--version"],
+            "descheduler": ["version"], "helm": ["version", "--short"]}[name]
+    out = subprocess.run([str(bin_dir / name), *args], capture_output=True, text=True, timeout=30)
+    return (out.stdout or out.stderr).strip().splitlines()[0]
+
+
+# ---- certificates ------------------------------------------------------------
+
+
+def _name(cn: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+def _pem_key(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+class CertificateAuthority:
+    """The control plane's CA: signs the API server's serving certificate and client certificates."""
+
+    def __init__(self, cn: str = "e2e-ca") -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.timezone.utc)
+        self.cert = (
+            x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn))
+            .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            .sign(self.key, hashes.SHA256())
+        )
+
+    @property
+    def pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(self, cn: str, org: str | None = None, server: bool = False) -> tuple[bytes, bytes]:
+        """(certificate PEM, key PEM): a serving certificate for loopback, or a client certificate."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.timezone.utc)
+        b = (x509.CertificateBuilder().subject_name(_name(cn, org)).issuer_name(self.cert.subject)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+        if server:
+            sans = [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
+                                              "kubernetes.default.svc")]
+            sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+            b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False).add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        else:
+            b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        cert = b.sign(self.key, hashes.SHA256())
+        return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, *, cert: Path | None = None, key: Path | None = None,
+                     token: str | None = None, user: str = "user") -> Path:
+    """A kubeconfig with one cluster, one user (client certificate or bearer token) and one context."""
+    u: dict = {"token": token} if token else {"client-certificate": str(cert), "client-key": str(key)}
+    doc = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": u}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+    }
+    path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
+    path.chmod(0o600)
+    return path
+
+
+# ---- processes ---------------------------------------------------------------
+
+
+class _Process:
+    def __init__(self, name: str, cmd: list[str], log: Path) -> None:
+        self.name, self.cmd, self.log = name, cmd, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as f:
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class ControlPlane:
+    """etcd + kube-apiserver in ``workdir``. ``start()`` returns when ``/readyz`` answers 200 to the admin."""
+
+    def __init__(self, workdir: Path, bin_dir: Path = BIN, extra_args: tuple[str, ...] = ()) -> None:
+        self.dir = workdir
+        self.bin = bin_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        self.ca = CertificateAuthority()
+        self.ca_path = self._write("ca.crt", self.ca.pem)
+        serving, serving_key = self.ca.issue("kube-apiserver", server=True)
+        self._write("apiserver.crt", serving)
+        self._write("apiserver.key", serving_key)
+        admin, admin_key = self.ca.issue("e2e-admin", org="system:masters")
+        self.admin_kubeconfig = write_kubeconfig(self.dir / "admin.kubeconfig", self.url, self.ca_path,
+                                                 cert=self._write("admin.crt", admin),
+                                                 key=self._write("admin.key", admin_key), user="e2e-admin")
+        self.audit_log = self.dir / "audit.log"
+        self._write("audit-policy.yaml", json.dumps(AUDIT_POLICY).encode())
+        sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self._write("sa.key", _pem_key(sa_key))
+        self._write("sa.pub", sa_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                               serialization.PublicFormat.SubjectPublicKeyInfo))
+        self.etcd = _Process("etcd", [
+            str(bin_dir / "etcd"), "--name", "e2e", "--data-dir", str(self.dir / "etcd"),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
+            "--initial-cluster", f"e2e=http://127.0.0.1:{self.etcd_peer_port}",
+            "--unsafe-no-fsync", "--log-level", "warn",
+        ], self.dir / "etcd.log")
+        self.apiserver = _Process("kube-apiserver", [
+            str(bin_dir / "kube-apiserver"),
+            "--etcd-servers", self.etcd_url, "--etcd-compaction-interval", "0",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
+            "--cert-dir", str(self.dir / "apiserver-certs"),
+            "--tls-cert-file", str(self.dir / "apiserver.crt"), "--tls-private-key-file", str(self.dir / "apiserver.key"),
+            "--client-ca-file", str(self.ca_path),
+            "--authorization-mode", "RBAC",
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(self.dir / "sa.pub"),
+            "--service-account-signing-key-file", str(self.dir / "sa.key"),
+            "--service-cluster-ip-range", "10.96.0.0/16",
+            "--disable-admission-plugins", "ServiceAccount",
+            "--allow-privileged=true",
+            "--audit-policy-file", str(self.dir / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
+            "--audit-log-format", "json", "--audit-log-mode", "blocking",
+            "--shutdown-watch-termination-grace-period", "2s",
+            *extra_args,
+        ], self.dir / "kube-apiserver.log")
+
+    def _write(self, name: str, data: bytes) -> Path:
+        p = self.dir / name
+        p.write_bytes(data)
+        if name.endswith(".key"):
+            p.chmod(0o600)
+        return p
+
+    # -- lifecycle --
+
+    def start(self, timeout: float = 120) -> "ControlPlane":
+        self.etcd.start()
+        self._wait(lambda: httpx.get(f"{self.etcd_url}/health", timeout=2).json().get("health") == "true",
+                   self.etcd, timeout)
+        self.start_apiserver(timeout)
+        return self
+
+    def start_apiserver(self, timeout: float = 120) -> None:
+        self.apiserver.start()
+        self._wait(self.ready, self.apiserver, timeout)
+
+    def stop_apiserver(self, sig: int = signal.SIGTERM) -> None:
+        self.apiserver.stop(sig)
+
+    def stop(self) -> None:
+        self.apiserver.stop()
+        self.etcd.stop()
+
+    def ready(self) -> bool:
+        with self.admin_http(timeout=3) as c:
+            return c.get("/readyz").status_code == 200
+
+    def _wait(self, check, proc: _Process, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited ({proc.proc.returncode if proc.proc else '?'}):\n{proc.tail()}")
+            try:
+                if check():
+                    return
+            except (httpx.HTTPError, ValueError) as e:
+                last = e
+            time.sleep(0.2)
+        raise TimeoutError(f"{proc.name} not ready in {timeout:.0f} s ({last}):\n{proc.tail()}")
+
+    # -- clients --
+
+    def admin_http(self, **kw) -> httpx.Client:
+        """An httpx client authenticated as the admin (system:masters)."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_path))
+        ctx.load_cert_chain(str(self.dir / "admin.crt"), str(self.dir / "admin.key"))
+        return httpx.Client(base_url=self.url, verify=ctx, **kw)
+
+    def api_client(self):
+        """A ``kubernetes`` ApiClient authenticated as the admin (what the guard itself uses, from a kubeconfig)."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.admin_kubeconfig), client_configuration=cfg, persist_config=False)
+        return client.ApiClient(cfg)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+        """The built kubectl, as the admin (or ``kubeconfig``); raises with its output when it fails and ``check``."""
+        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.admin_kubeconfig), *args]
+        out = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[3:])} exited {out.returncode}:\n{out.stdout}{out.stderr}")
+        return out
+
+    def install_crds(self, directory: Path = CRDS, timeout: float = 60) -> list[str]:
+        """``kubectl apply`` every CRD in ``directory`` and wait until each is Established and served."""
+        files = sorted(directory.glob("*.yaml"))
+        names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
+        self.kubectl("apply", "--server-side", *[a for f in files for a in ("-f", str(f))])
+        self.kubectl("wait", "--for=condition=Established", "--timeout", f"{int(timeout)}s",
+                     *[f"crd/{n}" for n in names], timeout=timeout + 10)
+        return names
+
+    def audit_events(self, user: str | None = None) -> list[dict]:
+        """One audit event per request so far, in order (of ``user`` only, if given): its ResponseComplete event,
+        or ResponseStarted for a request still running (a watch)."""
+        by_id: dict[str, dict] = {}
+        try:
+            text = self.audit_log.read_text()
+        except FileNotFoundError:
+            return []
+        for line in text.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # the line being written
+            if user is not None and ev.get("user", {}).get("username") != user:
+                continue
+            if ev.get("stage") in ("ResponseStarted", "ResponseComplete"):
+                by_id[ev["auditID"]] = ev  # dicts keep the first insertion's place: the request's order
+        return list(by_id.values())
+
+    def token_kubeconfig(self, token: str, name: str) -> Path:
+        return write_kubeconfig(self.dir / f"{name}.kubeconfig", self.url, self.ca_path, token=token, user=name)
+
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A TokenRequest token of ServiceAccount ``namespace/name`` (what a pod's projected token is)."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds}}
+        with self.admin_http(timeout=10) as c:
+            r = c.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", json=body)
+            r.raise_for_status()
+            return r.json()["status"]["token"]
+
+    # -- etcd --
+
+    def etcd_revision(self) -> int:
+        r = httpx.post(f"{self.etcd_url}/v3/kv/range", json={"key": base64.b64encode(b"/").decode()}, timeout=5)
+        r.raise_for_status()
+        return int(r.json()["header"]["revision"])
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to now (what the API server does every 5 minutes): watches that resume from an
+        older resourceVersion than the API server's watch cache still holds get 410 Gone."""
+        rev = self.etcd_revision()
+        r = httpx.post(f"{self.etcd_url}/v3/kv/compaction", json={"revision": str(rev), "physical": True}, timeout=30)
+        r.raise_for_status()
+        return rev

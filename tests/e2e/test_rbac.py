@@ -1,0 +1,199 @@
+"""The chart's RBAC, judged by the real authorizer: the guard's own calls allowed, nothing more.
+
+The guard runs with a token of the chart's ServiceAccount, so the API server's audit log holds every request its
+code made in this session, each with the authorizer's decision. Three questions, answered from data, not from the
+chart's text:
+
+1. Every request the guard made was allowed (a rule the chart lacks shows up as a ``forbid``).
+2. Every kind of call the guard's code makes (``GUARD_CALLS``, each with the code that makes it) was made here, so
+   (1) covered it; and a SubjectAccessReview of each says allowed.
+3. Every verb the chart grants is one of those calls (``get`` beside ``list`` counts as used: a list reveals the
+   same), and what the guard must never do is refused (``FORBIDDEN``, by SubjectAccessReview).
+
+KubeVirt's ``evacuate/cancel`` is a PUT on ``.../virtualmachineinstances/NAME/evacuate/cancel`` in the aggregated
+group ``subresources.kubevirt.io``. The API server's request-info resolver (k8s.io/apiserver
+``pkg/endpoints/request/requestinfo.go``) takes the resource, the name, and the first segment after the name as the
+subresource: PUT -> verb ``update``, resource ``virtualmachineinstances``, subresource ``evacuate``; ``cancel`` is
+not part of the authorization. The check reads exactly that from the audit event of the guard's own cancel call,
+and shows that the same call by an identity without the rule is refused.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import httpx
+import pytest
+from kubernetes import client
+
+from app.domain.records import EVICTION_IN_PROGRESS
+from tests.e2e.cluster import eventually
+from tests.e2e.objects import migration_state
+
+DESCHEDULER_NS = "openshift-kube-descheduler-operator"  # the chart's deschedulerCheck.namespace default
+
+# (verb, group, resource, subresource, namespaced): the calls the guard's code makes, and where.
+GUARD_CALLS = {
+    ("list", "kubevirt.io", "virtualmachineinstances", "", False): "app/cluster/informer.py SPECS[VMI] (list)",
+    ("watch", "kubevirt.io", "virtualmachineinstances", "", False): "app/cluster/informer.py SPECS[VMI] (watch)",
+    ("list", "kubevirt.io", "virtualmachineinstancemigrations", "", False): "app/cluster/informer.py SPECS[VMIM]",
+    ("watch", "kubevirt.io", "virtualmachineinstancemigrations", "", False): "app/cluster/informer.py SPECS[VMIM]",
+    ("list", "", "pods", "", False): "app/cluster/informer.py SPECS[POD] (launcher label selector)",
+    ("watch", "", "pods", "", False): "app/cluster/informer.py SPECS[POD]",
+    ("list", "", "nodes", "", False): "app/cluster/informer.py SPECS[NODE]",
+    ("watch", "", "nodes", "", False): "app/cluster/informer.py SPECS[NODE]",
+    ("get", "kubevirt.io", "virtualmachineinstances", "", True): "app/effects/kubeapi.py read_vmi (annotate, history)",
+    ("patch", "", "pods", "", True): "app/effects/annotate.py eviction-in-progress",
+    ("patch", "kubevirt.io", "virtualmachineinstances", "", True): "app/effects/history.py migration history",
+    ("create", "", "events", "", True): "app/effects/events.py EvictionBlocked/EvictionAllowed",
+    ("patch", "", "events", "", True): "app/effects/events.py aggregation (count)",
+    ("update", "subresources.kubevirt.io", "virtualmachineinstances", "evacuate", True):
+        "app/effects/kubeapi.py cancel_evacuation (PUT .../evacuate/cancel)",
+    ("list", "operator.openshift.io", "kubedeschedulers", "", True): "app/cluster/descheduler.py (list)",
+    ("watch", "operator.openshift.io", "kubedeschedulers", "", True): "app/cluster/descheduler.py (watch)",
+}
+
+# (verb, group, resource, subresource, namespace or None for cluster-wide): what the guard must never be allowed.
+FORBIDDEN = [
+    ("delete", "", "pods", "", None), ("delete", "", "pods", "", "vms"), ("update", "", "pods", "", "vms"),
+    ("create", "", "pods", "", "vms"), ("create", "", "pods", "eviction", "vms"),
+    ("get", "", "secrets", "", None), ("list", "", "secrets", "", None), ("get", "", "secrets", "", "OWN"),
+    ("list", "", "secrets", "", "OWN"), ("watch", "", "secrets", "", "OWN"),
+    ("patch", "", "nodes", "", None), ("update", "", "nodes", "", None), ("delete", "", "nodes", "", None),
+    ("update", "", "nodes", "status", None),
+    ("update", "kubevirt.io", "virtualmachineinstances", "", "vms"),
+    ("delete", "kubevirt.io", "virtualmachineinstances", "", "vms"),
+    ("create", "kubevirt.io", "virtualmachineinstancemigrations", "", "vms"),
+    ("delete", "kubevirt.io", "virtualmachineinstancemigrations", "", "vms"),
+    ("patch", "kubevirt.io", "virtualmachineinstancemigrations", "", "vms"),
+    ("update", "subresources.kubevirt.io", "virtualmachineinstances", "migrate", "vms"),
+    ("update", "subresources.kubevirt.io", "virtualmachines", "stop", "vms"),
+    ("patch", "kubevirt.io", "kubevirts", "", "kubevirt"),
+    ("update", "operator.openshift.io", "kubedeschedulers", "", DESCHEDULER_NS),
+    ("delete", "", "events", "", "vms"), ("patch", "", "configmaps", "", "OWN"),
+    ("create", "", "serviceaccounts", "token", "OWN"), ("impersonate", "", "users", "", None),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", None),
+    ("escalate", "rbac.authorization.k8s.io", "clusterroles", "", None),
+    ("bind", "rbac.authorization.k8s.io", "clusterroles", "", None),
+    ("patch", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", None),
+    ("delete", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", None),
+]
+
+
+def sar(api: client.ApiClient, user: str, groups: list[str], verb: str, group: str, resource: str, sub: str,
+        namespace: str | None, name: str | None = None) -> client.V1SubjectAccessReviewStatus:
+    attrs = client.V1ResourceAttributes(verb=verb, group=group, resource=resource, subresource=sub or None,
+                                        namespace=namespace, name=name)
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=user, groups=groups, resource_attributes=attrs))
+    return client.AuthorizationV1Api(api).create_subject_access_review(review).status
+
+
+def key_of(ev: dict) -> tuple[str, str, str, str, bool]:
+    ref = ev.get("objectRef", {})
+    return (ev["verb"], ref.get("apiGroup", ""), ref.get("resource", ""), ref.get("subresource", ""),
+            bool(ref.get("namespace")))
+
+
+def exercise_every_call(cluster, guard) -> None:
+    """Make the guard make each of its calls now (the session's other tests may not have): a finished migration
+    (history patch), a rule-7 denial twice (VMI get, pod patch, Event create, then an Event patch), a stuck
+    descheduler evacuation (the canceller's PUT)."""
+    ns = cluster.fresh_namespace("rbac")
+    node, other = cluster.fresh_node(), cluster.fresh_node()
+    cluster.vm(ns, "moved", node, migration=migration_state(other, node, started=9, ended=5))
+    marked = cluster.vm(ns, "marked", node, evacuation_node=node)
+    stuck_node = cluster.fresh_node()
+    cluster.vm(ns, "stuck", stuck_node, evacuation_node=stuck_node,
+               annotations={"kubevirt.io/eviction-source": "descheduler"})
+    for i in range(3):
+        cluster.objects.vmim(ns, f"stuck-{i}", "stuck", "Failed", evacuation_node=stuck_node,
+                             priority="system-maintenance",
+                             migration=migration_state(stuck_node, other, started=9 - 3 * i, ended=8 - 3 * i,
+                                                       failed=True))
+    cluster.sync()
+    for _ in range(2):
+        code, _ = cluster.evict(ns, marked.pod_name)
+        assert code == 429
+    user = guard.inst.username
+
+    def made(verb, resource, name, sub=""):
+        return [e for e in cluster.cp.audit_events(user) if e["verb"] == verb
+                and e.get("objectRef", {}).get("resource") == resource
+                and e["objectRef"].get("subresource", "") == sub and e["objectRef"].get("namespace") == ns
+                and (name is None or e["objectRef"].get("name") == name)]
+
+    eventually(lambda: made("patch", "virtualmachineinstances", "moved"), 20, "the history annotation patch")
+    eventually(lambda: made("patch", "pods", marked.pod_name), 20, "the eviction-in-progress patch")
+    eventually(lambda: made("patch", "events", None), 20, "the Event aggregation patch")
+    eventually(lambda: made("update", "virtualmachineinstances", "stuck", "evacuate"), 20, "the evacuate/cancel PUT")
+    assert EVICTION_IN_PROGRESS in cluster.objects.get_pod(ns, marked.pod_name)["metadata"]["annotations"]
+
+
+@pytest.mark.check("rbac")
+def test_rbac_allows_the_guards_calls_and_nothing_more(cluster, guard, installation, control_plane, detail):
+    exercise_every_call(cluster, guard)
+    user = installation.username
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{installation.namespace}", "system:authenticated"]
+    events = [e for e in control_plane.audit_events(user) if "objectRef" in e]
+    assert events, "no request of the guard in the audit log"
+
+    # 1. every request the guard made was allowed
+    forbidden = sorted({(key_of(e), e["annotations"].get("authorization.k8s.io/reason", "")) for e in events
+                        if e.get("annotations", {}).get("authorization.k8s.io/decision") != "allow"})
+    assert not forbidden, f"requests of the guard the authorizer refused: {forbidden}"
+    observed = {key_of(e) for e in events}
+
+    # 2. every call of the code was made, and a SubjectAccessReview agrees
+    missing = {k: where for k, where in GUARD_CALLS.items() if k not in observed}
+    assert not missing, f"calls of the guard's code not seen in this session: {missing}"
+    api = control_plane.api_client()
+    for verb, group, resource, sub, namespaced in GUARD_CALLS:
+        ns = (DESCHEDULER_NS if group == "operator.openshift.io" else "vms") if namespaced else None
+        status = sar(api, user, groups, verb, group, resource, sub, ns)
+        assert status.allowed, (verb, group, resource, sub, ns, status)
+    unexpected = observed - set(GUARD_CALLS)
+    assert not unexpected, f"the guard made calls GUARD_CALLS does not list (add them, with where): {unexpected}"
+
+    # 3. nothing granted that no call uses, and the forbidden list refused
+    used = {(v, g, r + (f"/{s}" if s else "")) for v, g, r, s, _ in GUARD_CALLS}
+    granted = set()
+    for doc in installation.manifests:
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                granted |= {(v, g, r) for v in rule["verbs"] for g in rule["apiGroups"] for r in rule["resources"]}
+    unused = {(v, g, r) for v, g, r in granted if (v, g, r) not in used and not (v == "get" and ("list", g, r) in used)}
+    assert not unused, f"the chart grants what the guard never does: {sorted(unused)}"
+    for verb, group, resource, sub, ns in FORBIDDEN:
+        ns = installation.namespace if ns == "OWN" else ns
+        status = sar(api, user, groups, verb, group, resource, sub, ns)
+        assert not status.allowed, (verb, group, resource, sub, ns, status.reason)
+
+    # the evacuate/cancel rule: as the chart writes it, as the API server resolves the real call
+    (rule,) = [r for d in installation.manifests if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]
+               if "subresources.kubevirt.io" in r["apiGroups"]]
+    assert rule["resources"] == ["virtualmachineinstances/evacuate"] and rule["verbs"] == ["update"], rule
+    cancel = next(e for e in events if e["objectRef"].get("subresource") == "evacuate")
+    assert cancel["requestURI"].endswith("/evacuate/cancel"), cancel["requestURI"]
+    assert cancel["objectRef"]["apiGroup"] == "subresources.kubevirt.io" and cancel["verb"] == "update"
+    assert cancel["responseStatus"]["code"] == 404  # authorized; no virt-api serves the group here
+    stranger = _stranger_token(control_plane)
+    trust = ssl.create_default_context(cafile=str(control_plane.ca_path))
+    with httpx.Client(base_url=control_plane.url, verify=trust, timeout=10) as http:
+        r = http.put(cancel["requestURI"], json={"evacuationNodeName": "x"},
+                     headers={"Authorization": f"Bearer {stranger}"})
+    assert r.status_code == 403, r.text  # the same call without the rule: refused before routing
+    assert 'cannot update resource "virtualmachineinstances/evacuate" in API group "subresources.kubevirt.io"' \
+        in r.json()["message"], r.json()["message"]
+    detail["detail"] = (f"{len(events)} requests of {user}, all allowed; {len(GUARD_CALLS)} kinds of call from the "
+                        f"code seen and SAR-allowed; {len(granted)} granted verbs all used; {len(FORBIDDEN)} forbidden "
+                        "SARs refused; PUT .../evacuate/cancel resolved as update virtualmachineinstances/evacuate "
+                        "in subresources.kubevirt.io: allowed for the guard (404, no virt-api), 403 without the rule")
+
+
+def _stranger_token(cp) -> str:
+    """A token of a ServiceAccount with no bindings at all."""
+    core = client.CoreV1Api(cp.api_client())
+    if not [s for s in core.list_namespaced_service_account("default").items if s.metadata.name == "stranger"]:
+        core.create_namespaced_service_account("default", {"metadata": {"name": "stranger"}})
+    return cp.service_account_token("default", "stranger")
