@@ -66,7 +66,7 @@ $(SIM_STAMP): $(STAMP)
 	@touch $(SIM_STAMP)
 
 simulate: $(SIM_STAMP)
-	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out \
+	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out --force \
 	  --readme docs/simulator.md
 
 # Pins for the container image: the working virtualenv, frozen (the Dockerfile installs with --constraint).
