@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_certs(capsys, tmp_path) -> None:
 def test_bad_settings_stop_startup_naming_them(tmp_path, args, named) -> None:
     certs = tmp_path / "c"
     main(["--log-level", "warning", "certs", "--service", "g", "--namespace", "n", "--out", str(certs)])
-    r = subprocess.run([sys.executable, "-m", "app", "serve", "--port", "0", "--tls-cert", str(certs / "tls.crt"),
+    r = subprocess.run([sys.executable, "-m", "app", "serve", "--port", "18443", "--tls-cert", str(certs / "tls.crt"),
                         "--tls-key", str(certs / "tls.key"), "--snapshot", DEMO, *args],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
@@ -180,3 +181,34 @@ def test_report_lists_nodes_in_cooldown(capsys, tmp_path) -> None:
     # worker-z sent vms/came and received vms/gone: both rules hold it
     assert rows == {("worker-x", "8b"), ("worker-y", "8c"), ("worker-z", "8b"), ("worker-z", "8c")}
     assert "Node cooldowns (rules 8b, 8c): off" in run(capsys, "report", "--snapshot", snap, "--now", DEMO_NOW)[1]
+
+
+def _parsers(parser):
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_flag_of_every_command_has_help() -> None:
+    from app.cli import build_parser
+
+    seen = 0
+    for prog, parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                assert all(choice.help for choice in action._choices_actions), prog
+                continue
+            seen += 1
+            assert action.help, f"{prog} {'/'.join(action.option_strings) or action.dest}: no help text"
+            if action.help != argparse.SUPPRESS:
+                assert len(action.help) > 10, (prog, action.option_strings, action.help)
+    assert seen > 100  # serve, explain, report, certs, simulate and their settings were all looked at
+
+
+@pytest.mark.parametrize("command", ["serve", "explain", "report", "certs", "simulate"])
+def test_help_prints_and_names_the_log_level(command) -> None:
+    r = subprocess.run([sys.executable, "-m", "app", command, "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "--log-level LEVEL" in r.stdout and r.stderr == ""

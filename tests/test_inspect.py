@@ -27,7 +27,8 @@ JUDGEMENT = ("allowed", "code", "reason", "message")
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(["--log-level", "warning", *argv])
+    """The CLI at its default log level: report and explain must write nothing to stderr."""
+    code = main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -150,3 +151,16 @@ def test_a_vmi_without_its_pod_is_a_warning(capsys, tmp_path) -> None:
     assert [w["reason"] for w in m["warnings"]] == ["no_launcher_pod"] and "vms/db" in m["warnings"][0]["message"]
     code, out, _ = cli(capsys, "report", "--snapshot", str(snap), "--now", DEMO_NOW)
     assert "warning: 1 VMI(s) without a running launcher pod" in out
+
+
+def test_nothing_on_stderr_at_the_default_level_but_warnings_when_asked(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    for argv in (["report", "--snapshot", DEMO, "--now", DEMO_NOW],
+                 ["explain", "-n", "vms", "--pod", "virt-launcher-api-01-a1b2c", "--snapshot", DEMO, "--now", DEMO_NOW]):
+        r = subprocess.run([sys.executable, "-m", "app", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.stderr == "" and r.stdout and r.returncode in (0, 1), r.stderr
+        r = subprocess.run([sys.executable, "-m", "app", *argv[:1], "--log-level", "info", *argv[1:]], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert "snapshot loaded" in r.stderr  # --log-level after the command, as for serve
