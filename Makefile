@@ -47,9 +47,11 @@ fuzz: $(STAMP)
 	$(PY) fuzz/fuzz_targets.py admission -max_total_time=60 build/fuzz/admission
 	$(PY) fuzz/fuzz_targets.py snapshot -max_total_time=60 -max_len=65536 build/fuzz/snapshot
 
-# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes)
+# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes); writes the
+# numbers into docs/performance.md (between its watch markers)
 bench-watch: $(STAMP)
 	$(PY) bench/watch_bench.py
+	$(PY) -m bench.doc --watch bench/results/watch.json --doc docs/performance.md
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis

@@ -82,3 +82,27 @@ def test_summary_has_both_servers_ratios_and_targets(result: dict) -> None:
     assert d["calls"] == 3 * 150 and 0 < d["median_us"] <= d["p99_us"]
     assert d["loaded"]["vmi"] == 300
     assert result["state"]["objects"]["VirtualMachineInstance"] == 300
+
+
+def test_the_doc_sections_are_written_from_the_result_files(result: dict, tmp_path: Path) -> None:
+    """Every number in docs/performance.md's generated sections comes from a result file (bench.doc)."""
+    from bench import doc
+
+    page = tmp_path / "performance.md"
+    page.write_text("# P\n\nbefore\n<!-- bench:begin -->\nSTALE-TEXT\n<!-- bench:end -->\nmiddle\n"
+                    "<!-- watch:begin -->\nSTALE-TEXT\n<!-- watch:end -->\nafter\n")
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_bytes(orjson.dumps(result))
+    watch = {"vmis": 1000, "pods": 1000, "vmims": 5000, "objects": {"vmi": 1000, "pod": 1000, "vmim": 5000, "node": 4},
+             "ready_seconds": 1.25, "ready_cpu_seconds": 0.75, "rss_after_sync_mb": 123, "rss_baseline_mb": 50,
+             "rss_after_gc_mb": 120, "state_bytes_per_object": 481, "burst_events_per_second": 23456,
+             "live_events_per_second": 12345,
+             "targets_met": {"ready_lt_30s": True, "rss_lt_400mb": True, "events_ge_20000_per_s": True}}
+    watch_file = tmp_path / "watch.json"
+    watch_file.write_bytes(orjson.dumps(watch))
+    assert doc.main([str(bench_file), "--watch", str(watch_file), "--doc", str(page)]) == 0
+    text = page.read_text()
+    assert "STALE-TEXT" not in text and text.startswith("# P\n\nbefore\n") and text.endswith("\nafter\n")
+    assert f"{result['summary']['ratios']['throughput']:.2f}" in text
+    assert "| 1.2 s (0.8 s of CPU) | < 30 s (met) |" in text and "23,456 (live: 12,345)" in text
+    assert "about 481 bytes per object (7,004 objects)" in text
