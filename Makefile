@@ -78,10 +78,11 @@ constraints: $(STAMP)
 	  $(PY) -m pip freeze --exclude-editable --disable-pip-version-check; } > constraints.txt
 
 # The reliability tests (API faults, replicas, forged reviews; all part of `make test`) with their figures
-# printed; also written to build/reliability/*.json.
+# printed; also written to build/reliability/*.json and into docs/reliability.md (between its markers).
 reliability: $(STAMP)
 	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
 	  tests/effects/test_forged_reviews.py
+	$(PY) -m bench.doc --reliability build/reliability --doc docs/reliability.md
 
 # Performance: the guard next to a plain FastAPI route served by plain uvicorn (bench/plain.py, bench/run.py).
 # wrk (Debian) drives the saturation runs when it can be installed; else the Python generator does.

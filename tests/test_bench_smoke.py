@@ -106,3 +106,31 @@ def test_the_doc_sections_are_written_from_the_result_files(result: dict, tmp_pa
     assert f"{result['summary']['ratios']['throughput']:.2f}" in text
     assert "| 1.2 s (0.8 s of CPU) | < 30 s (met) |" in text and "23,456 (live: 12,345)" in text
     assert "about 481 bytes per object (7,004 objects)" in text
+
+
+def test_the_reliability_sections_are_written_from_the_figures(tmp_path: Path) -> None:
+    from bench import doc
+
+    phase = {"requests": 100, "errors": 0, "cache_stale_answers": 7, "latency_ms_p50": 1.0, "latency_ms_p99": 4.5,
+             "latency_ms_max": 12.0, "watch_restarts": {"connection": 2}}
+    faults = {"watch_cuts": {**phase, "cuts": 5, "change_seen_after_s_max": 0.5},
+              "expired_410": {**phase, "compactions": 6, "change_seen_after_s_max": 0.02},
+              "http_500": {**phase, "recovery_s": 1.26}, "http_429": {**phase, "recovery_s": 2.5},
+              "api_down": {**phase, "outage_s": 3.5, "recovery_s": 1.0, "latency_ms_p99": 9.25},
+              "silent_watch": {**phase, "change_seen_after_s": 1.6},
+              "many_cycles": {**phase, "cycles": 30, "rss_mb_before": 99.2, "rss_mb_after": 99.4, "threads": [10, 10],
+                              "fds": [19, 18]}}
+    figures = tmp_path / "reliability"
+    figures.mkdir()
+    (figures / "api-faults.json").write_bytes(orjson.dumps(faults))
+    (figures / "replicas.json").write_bytes(orjson.dumps({"requests_compared": 180, "identical": 179,
+                                                          "one_replica_only_evictions": 19, "restart_to_ready_s": 1.52}))
+    page = tmp_path / "reliability.md"
+    page.write_text("a\n<!-- faults:begin -->\nSTALE-TEXT\n<!-- faults:end -->\nb\n"
+                    "<!-- replicas:begin -->\nSTALE-TEXT\n<!-- replicas:end -->\nc\n")
+    assert doc.main(["--reliability", str(figures), "--doc", str(page)]) == 0
+    text = page.read_text()
+    assert "STALE-TEXT" not in text and text.startswith("a\n") and text.endswith("\nc\n")
+    assert "| 500 on every list/watch for 3.5 s | 100 | 0 | 7 | 1.26 s | connection 2 |" in text
+    assert "p99 ≤ 9.2 ms in every phase" in text and "RSS went from 99.2 to 99.4 MB" in text
+    assert "179 of 180 answers were identical" in text and "ready again 1.5 s after its restart" in text
