@@ -23,6 +23,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_LOG_LEVEL = {"serve": "info"}
 DEFAULT_LOG_FORMAT = {"serve": "json"}
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3  # not 1: explain's 1 means "denied"
 
 
 class Parser(argparse.ArgumentParser):
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             raise
         print(f"{PROG}: internal error: {type(e).__name__}: {e} (--log-level debug shows where)", file=sys.stderr)
-        return 1
+        return EXIT_INTERNAL
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ HTTPS server.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -38,13 +39,15 @@ def only_paths(app, allowed: frozenset[str] = SIDE_PATHS):
 
 
 class MetricsServer:
-    def __init__(self, ctx: GuardContext, host: str, port: int) -> None:
+    def __init__(self, ctx: GuardContext, host: str, port: int, sock: socket.socket | None = None) -> None:
+        """``sock``: already bound to host:port (``serve`` binds it before loading anything)."""
         config = uvicorn.Config(
             only_paths(create_app(ctx)), host=host, port=port, log_config=None, access_log=False,
             lifespan="off", timeout_graceful_shutdown=2,
         )
         self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, name="metrics-http", daemon=True)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock] if sock else None},
+                                        name="metrics-http", daemon=True)
 
     def start(self, timeout: float = 10.0) -> MetricsServer:
         """Start listening; raises OSError when the port cannot be bound (uvicorn's thread just ends then)."""

@@ -218,6 +218,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.metrics_port and args.metrics_port == args.port:
         raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
     sock = listen(args.host, args.port, BACKLOG)
+    metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
     cluster = None if args.snapshot else live_cluster(args, Metrics())
     ctx = build_context(args, cluster)
     if cluster is None:
@@ -239,7 +240,7 @@ def serve(args: argparse.Namespace) -> int:
     config.load()
     config.ssl = ssl_ctx  # ours: TLS 1.2 minimum, optional client-certificate verification
     batch_writes()  # one log line per decision: write them in batches (logs.BatchingStreamHandler)
-    background = start_background(args, ssl_ctx, ctx)
+    background = start_background(args, ssl_ctx, ctx, metrics_sock)
     log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "source": args.snapshot or "live cluster",
                                "settings": by_name(ctx.settings), "server": server_settings(args, ctx)})
     if cluster is not None:
@@ -266,8 +267,8 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def listen(host: str, port: int, backlog: int) -> socket.socket:
-    """The HTTPS socket, bound here so that a bad address or a port in use is one line, not uvicorn's exit."""
+def listen(host: str, port: int, backlog: int, flag: str = "--port") -> socket.socket:
+    """A listening socket, bound here so that a bad address or a port in use is one line, not uvicorn's exit."""
     sock = None
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -279,7 +280,7 @@ def listen(host: str, port: int, backlog: int) -> socket.socket:
     except OSError as e:
         if sock is not None:
             sock.close()
-        raise UsageError(f"--host {host} --port {port}: cannot listen: {e.strerror or e}") from None
+        raise UsageError(f"{flag} {port}: cannot listen on {host}: {e.strerror or e}") from None
 
 
 def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
@@ -304,7 +305,7 @@ def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
     return out
 
 
-def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> list:
+def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, metrics_sock=None) -> list:
     """What lives beside the HTTPS server: certificate reload, the plain-HTTP metrics port, the descheduler check."""
     registry = ctx.metrics.registry
     parts: list = [CertReloader(ssl_ctx, args.tls_cert, args.tls_key, args.client_ca,
@@ -313,7 +314,7 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> li
         from app.metrics_server import MetricsServer
 
         try:
-            parts.append(MetricsServer(ctx, args.host, args.metrics_port).start())
+            parts.append(MetricsServer(ctx, args.host, args.metrics_port, metrics_sock).start())
         except OSError as e:
             raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:

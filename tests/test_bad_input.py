@@ -255,20 +255,22 @@ def test_process_usage_error_is_one_line() -> None:
     assert r.returncode == 2 and r.stderr.startswith("kubevirt-eviction-guard: argument --log-level:")
 
 
-def test_process_port_in_use(certs) -> None:
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
+def test_process_port_in_use(certs, flag) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         busy = s.getsockname()[1]
-        argv = serve(certs)
-        argv[argv.index("--port") + 1] = str(busy)
+        argv = serve(certs, "--metrics-port", "18444")
+        argv[argv.index(flag) + 1] = str(busy)
         r = run(*argv)
-    assert r.returncode == 2 and f"--port {busy}: cannot listen: Address already in use" in r.stderr
+    assert r.returncode == 2 and r.stderr == (f"kubevirt-eviction-guard: {flag} {busy}: cannot listen on 127.0.0.1: "
+                                              "Address already in use\n")
 
 
 def test_process_unknown_host(certs) -> None:
     r = run("serve", "--host", "no-such-host.invalid", *serve(certs)[3:])
-    assert r.returncode == 2 and "--host no-such-host.invalid --port 18443: cannot listen" in r.stderr
+    assert r.returncode == 2 and "--port 18443: cannot listen on no-such-host.invalid:" in r.stderr
 
 
 def test_process_key_it_may_not_read(tmp_path) -> None:
@@ -285,3 +287,20 @@ def test_process_key_it_may_not_read(tmp_path) -> None:
                        timeout=60)
     assert time.monotonic() - t0 < 2 * FAST and (r.returncode, r.stdout) == (2, "")
     assert r.stderr == f"kubevirt-eviction-guard: --tls-key {paths['key']}: cannot read: Permission denied\n"
+
+
+def test_an_internal_error_is_one_line_and_not_a_denial(capsys, monkeypatch) -> None:
+    import importlib
+
+    explain_module = importlib.import_module("app.inspect.explain")  # the module (app.inspect.explain is the function)
+
+    def broken(*args, **kwargs):
+        raise KeyError("node")
+
+    monkeypatch.setattr(explain_module, "explanation", broken)  # a bug, as it would surface
+    argv = ["explain", "-n", "vms", "--pod", "virt-launcher-api-01-a1b2c", "--snapshot", DEMO, "--now", NOW]
+    code, line = refused(capsys, *argv)
+    assert code == 3  # explain's 1 means "denied": a bug must not read as one
+    assert line == "kubevirt-eviction-guard: internal error: KeyError: 'node' (--log-level debug shows where)"
+    with pytest.raises(KeyError):  # and at debug level, the traceback
+        main(["--log-level", "debug", *argv])
