@@ -9,12 +9,8 @@ import sys
 from collections.abc import Sequence
 
 from app import __version__
-from app.cluster.kube import KubeConfigError
-from app.cluster.snapshot import SnapshotError
 from app.config import BOOLS, DURATIONS, POINTS, SETTING_HELP, SETTING_NAMES, SettingsError, by_name, kebab
 from app.policy.model import PolicySettings
-from app.startup import UsageError
-from app.tls import TLSError
 
 PROG = "kubevirt-eviction-guard"
 FORMATS = ("text", "json", "yaml")  # explain and report: -o
@@ -254,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="validity of the serving certificate in days, 1 to 3650 (default 365; the CA: 10 times)")
     certs.add_argument("--force", action="store_true", help="replace ca.crt, tls.crt and tls.key if they exist")
 
-    from app.sim.run import add_arguments as simulate_arguments
+    from app.sim.options import add_arguments as simulate_arguments
 
     simulate = sub.add_parser("simulate", help="simulate KubeVirt and the descheduler with and without the guard",
                               description="Simulate KubeVirt and the descheduler with and without the guard "
@@ -277,19 +273,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args)
     try:
         return run(args)
-    except (SettingsError, KubeConfigError, SnapshotError, TLSError, UsageError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `report | head`: the reader has gone, nothing more to say
         sys.stderr.close()
         return 0
-    except Exception as e:  # the last resort: one line, the traceback only at debug level
-        if logging.getLogger().isEnabledFor(logging.DEBUG):
+    except Exception as e:
+        if isinstance(e, refusals()):
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        if logging.getLogger().isEnabledFor(logging.DEBUG):  # the last resort: one line, the traceback at debug
             raise
         print(f"{PROG}: internal error: {type(e).__name__}: {e} (--log-level debug shows where)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def refusals() -> tuple[type[Exception], ...]:
+    """What a command raises for input it cannot use (imported here: --help and usage errors stay quick)."""
+    from app.cluster.kube import KubeConfigError
+    from app.cluster.snapshot import SnapshotError
+    from app.startup import UsageError
+    from app.tls import TLSError
+
+    return SettingsError, KubeConfigError, SnapshotError, TLSError, UsageError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -317,4 +323,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {paths['ca']}, {paths['cert']}, {paths['key']}", file=sys.stderr)
         print(issued.ca_bundle)
         return 0
-    raise UsageError(f"unknown command {args.command!r}")
+    raise ValueError(f"unknown command {args.command!r}")
