@@ -212,3 +212,26 @@ def test_help_prints_and_names_the_log_level(command) -> None:
     r = subprocess.run([sys.executable, "-m", "app", command, "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "--log-level LEVEL" in r.stdout and r.stderr == ""
+
+
+def test_serve_logs_its_effective_settings_by_their_config_names(tmp_path) -> None:
+    import json
+
+    from tests.guard_process import GuardProcess
+
+    config = tmp_path / "guard.yaml"
+    config.write_text("migrationCooldown: 30m\nstaleAfter: 90s\n")
+    g = GuardProcess(tmp_path, ["--snapshot", DEMO, "--now", DEMO_NOW, "--config", str(config),
+                                "--max-migration-cooldown", "2h"])
+    try:
+        g.wait_healthy()
+    finally:
+        g.stop()
+    lines = [json.loads(line) for line in g.log.read_text().splitlines() if line.startswith("{")]
+    (serving,) = [line for line in lines if line["msg"] == "serving"]
+    settings, server = serving["settings"], serving["server"]
+    assert (settings["migrationCooldown"], settings["maxMigrationCooldown"], settings["migrationHistoryWindow"]) \
+        == ("30m0s", "2h0m0s", "48h0m0s")  # the config file, the flag, the default: Go durations
+    assert settings["pendingEvacuationsPerNode"] == 1 and settings["deschedulerUsers"] == []
+    assert (server["staleAfter"], server["tlsReloadInterval"], server["port"], server["logLevel"]) \
+        == ("1m30s", "5s", g.port, "info")
