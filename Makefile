@@ -21,7 +21,7 @@ certs: certs/tls.crt
 
 certs/tls.crt: | $(STAMP)
 	@mkdir -p certs
-	$(PY) -m app --log-level warning certs --service kubevirt-eviction-guard \
+	$(PY) -m app certs --force --service kubevirt-eviction-guard \
 	  --namespace kubevirt-eviction-guard --out certs > certs/cabundle.b64
 
 run: $(STAMP) certs/tls.crt
