@@ -21,7 +21,7 @@ certs: certs/tls.crt
 
 certs/tls.crt: | $(STAMP)
 	@mkdir -p certs
-	$(PY) -m app --log-level warning certs --service kubevirt-eviction-guard \
+	$(PY) -m app certs --force --service kubevirt-eviction-guard \
 	  --namespace kubevirt-eviction-guard --out certs > certs/cabundle.b64
 
 run: $(STAMP) certs/tls.crt
@@ -47,9 +47,11 @@ fuzz: $(STAMP)
 	$(PY) fuzz/fuzz_targets.py admission -max_total_time=60 build/fuzz/admission
 	$(PY) fuzz/fuzz_targets.py snapshot -max_total_time=60 -max_len=65536 build/fuzz/snapshot
 
-# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes)
+# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes); writes the
+# numbers into docs/performance.md (between its watch markers)
 bench-watch: $(STAMP)
 	$(PY) bench/watch_bench.py
+	$(PY) -m bench.doc --watch bench/results/watch.json --doc docs/performance.md
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
@@ -66,7 +68,7 @@ $(SIM_STAMP): $(STAMP)
 	@touch $(SIM_STAMP)
 
 simulate: $(SIM_STAMP)
-	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out \
+	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out --force \
 	  --readme docs/simulator.md
 
 # Pins with hashes for the container image (the Dockerfile installs with --require-hashes): the runtime
@@ -82,13 +84,14 @@ constraints: $(STAMP)
 	$(PIPTOOLS) --only-build-deps --all-build-deps --output-file build-constraints.txt pyproject.toml
 
 # The reliability tests (API faults, replicas, forged reviews, hostile clients; all part of `make test`) with their
-# figures printed; also written to build/reliability/*.json. Then the hostile-client attacks (bench/attacks.py)
-# against this tree and against RELIABILITY_BEFORE (the last commit without the bounds on clients, checked out in a
-# temporary worktree), written into docs/reliability.md.
+# figures printed; also written to build/reliability/*.json and into docs/reliability.md (between its markers).
+# Then the hostile-client attacks (bench/attacks.py) against this tree and against RELIABILITY_BEFORE (the last
+# commit without the bounds on clients, checked out in a temporary worktree), also written into docs/reliability.md.
 RELIABILITY_BEFORE ?= 6589bde3d557bd8f48f52528d13ee854c85b96ed
 reliability: $(STAMP)
 	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
 	  tests/effects/test_forged_reviews.py tests/test_hostile_clients.py
+	$(PY) -m bench.doc --reliability build/reliability --doc docs/reliability.md
 	$(PY) -m bench.attacks --before $(RELIABILITY_BEFORE) --out build/reliability/attacks.json --doc docs/reliability.md
 
 # Performance: the guard next to a plain FastAPI route served by plain uvicorn (bench/plain.py, bench/run.py).

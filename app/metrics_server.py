@@ -13,6 +13,7 @@ HTTPS server.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -42,15 +43,17 @@ def only_paths(app, allowed: frozenset[str] = SIDE_PATHS):
 
 class MetricsServer:
     def __init__(self, ctx: GuardContext, host: str, port: int, http: type | None = None,
-                 idle_timeout: float = 30.0) -> None:
-        """``http``: the protocol class (serve passes the HTTPS port's, bound to this port's own table)."""
+                 idle_timeout: float = 30.0, sock: socket.socket | None = None) -> None:
+        """``http``: the protocol class (serve passes the HTTPS port's, bound to this port's own table);
+        ``sock``: already bound to host:port (``serve`` binds it before loading anything)."""
         config = uvicorn.Config(
             only_paths(create_app(ctx)), host=host, port=port, log_config=None, access_log=False,
             lifespan="off", timeout_graceful_shutdown=2, http=http or protocol_class(HttpLimits()),
             timeout_keep_alive=idle_timeout,
         )
         self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, name="metrics-http", daemon=True)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock] if sock else None},
+                                        name="metrics-http", daemon=True)
 
     def start(self, timeout: float = 10.0) -> MetricsServer:
         """Start listening; raises OSError when the port cannot be bound (uvicorn's thread just ends then)."""

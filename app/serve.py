@@ -8,6 +8,7 @@ import gc
 import logging
 import resource
 import signal
+import socket
 import threading
 
 import uvicorn
@@ -15,18 +16,19 @@ import uvicorn
 from app.admission import protocol
 from app.admission.server import GuardContext, create_app
 from app.cluster.informer import ClusterWatch
-from app.config import SettingsError, load_config_file
+from app.config import SettingsError, by_name, load_config_file
 from app.domain.view import ClusterView
 from app.effects import Effects, KubeEffectsApi, LogOnlyApi
 from app.logs import batch_writes
 from app.metrics import Metrics
-from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
-from app.timefmt import parse_duration
+from app.startup import UsageError, clock, load_store, policy_settings, prometheus_durations, prometheus_source
+from app.timefmt import format_duration, parse_duration
 from app.tls import server_context
 from app.tlsreload import CertReloader
 
 log = logging.getLogger("kubevirt_eviction_guard")
 DEFAULT_STALE_AFTER = "2m"
+BACKLOG = 2048
 
 
 class GuardServer(uvicorn.Server):
@@ -178,15 +180,20 @@ def cancel_interval(args: argparse.Namespace) -> float:
     return seconds
 
 
-def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics, api_client=None) -> Effects:
-    """Side effects write through ``api_client`` in live mode. Without an API server
-    (snapshot mode) they run the same pipeline and log what they would write."""
+def event_interval(args: argparse.Namespace) -> float:
     try:
         interval = parse_duration(args.event_interval)
     except ValueError as e:
         raise SettingsError(f"--event-interval: {e}") from None
     if interval < 0:
         raise SettingsError(f"--event-interval: must not be negative, got {args.event_interval}")
+    return interval
+
+
+def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics, api_client=None) -> Effects:
+    """Side effects write through ``api_client`` in live mode. Without an API server
+    (snapshot mode) they run the same pipeline and log what they would write."""
+    interval = event_interval(args)
     if args.side_effect_queue < 1:
         raise UsageError(f"--side-effect-queue: must be positive, got {args.side_effect_queue}")
     api = KubeEffectsApi(api_client) if api_client is not None else LogOnlyApi()
@@ -226,7 +233,13 @@ def serve(args: argparse.Namespace) -> int:
     ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
     limits = http_limits(args)
     raise_fd_limit()
-    policy_settings(args), stale_after(args), cancel_interval(args)  # refuse bad settings before touching the cluster
+    # refuse bad settings before touching the cluster or loading a snapshot
+    policy_settings(args), clock(args), stale_after(args), cancel_interval(args), prometheus_durations(args)
+    event_interval(args)
+    if args.metrics_port and args.metrics_port == args.port:
+        raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
+    sock = listen(args.host, args.port, BACKLOG)
+    metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
     cluster = None if args.snapshot else live_cluster(args, Metrics())
     ctx = build_context(args, cluster)
     if cluster is None:
@@ -242,12 +255,12 @@ def serve(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_keep_alive=args.idle_timeout,
         timeout_graceful_shutdown=args.graceful_timeout,
-        backlog=2048,
+        backlog=BACKLOG,
     )
     batch_writes()  # one log line per decision: write them in batches (logs.BatchingStreamHandler)
-    background = start_background(args, ssl_ctx, ctx, limits)
-    log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings),
-                               "source": args.snapshot or "live cluster"})
+    background = start_background(args, ssl_ctx, ctx, limits, metrics_sock)
+    log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "source": args.snapshot or "live cluster",
+                               "settings": by_name(ctx.settings), "server": server_settings(args, ctx)})
     if cluster is not None:
         cluster.start()
         freeze_after_sync(cluster)
@@ -255,11 +268,11 @@ def serve(args: argparse.Namespace) -> int:
         ctx.effects.start()
     if ctx.usage_source is not None:
         log.info("steering on: polling Prometheus", extra={"url": ctx.usage_source.url,
-                                                           "interval_s": ctx.usage_source.interval,
-                                                           "max_age_s": ctx.usage_source.max_age})
+                                                           "interval": format_duration(ctx.usage_source.interval),
+                                                           "maxAge": format_duration(ctx.usage_source.max_age)})
         ctx.usage_source.start()
     try:
-        GuardServer(config, ctx, args.shutdown_drain).run()
+        GuardServer(config, ctx, args.shutdown_drain).run(sockets=[sock])
     finally:
         for part in reversed(background):
             part.stop()
@@ -272,10 +285,49 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: protocol.HttpLimits) -> list:
+def listen(host: str, port: int, backlog: int, flag: str = "--port") -> socket.socket:
+    """A listening socket, bound here so that a bad address or a port in use is one line, not uvicorn's exit."""
+    sock = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts need no wait
+        sock.bind(address)
+        sock.listen(backlog)
+        return sock
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        raise UsageError(f"{flag} {port}: cannot listen on {host}: {e.strerror or e}") from None
+
+
+def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
+    """serve's own settings by their chart names (values.yaml ``server``), durations the Go way."""
+    out = {
+        "host": args.host, "port": args.port, "metricsPort": args.metrics_port,
+        "logLevel": logging.getLevelName(logging.getLogger().level).lower(),
+        "maxBodyBytes": args.max_body_bytes, "staleAfter": format_duration(stale_after(args)),
+        "tlsReloadInterval": format_duration(args.tls_reload_interval),
+        "requestTimeout": format_duration(args.request_timeout), "idleTimeout": format_duration(args.idle_timeout),
+        "gracefulTimeout": format_duration(args.graceful_timeout), "shutdownDrain": format_duration(args.shutdown_drain),
+        "sideEffects": not args.no_side_effects, "eventInterval": format_duration(event_interval(args)),
+        "sideEffectQueue": args.side_effect_queue, "historyAnnotation": not args.no_history_annotation,
+        "cancelStuckEvacuations": args.cancel_stuck_evacuations, "clientCA": bool(args.client_ca),
+        "maxHeaderBytes": args.max_header_bytes, "maxHeaders": args.max_headers,
+        "maxConnections": args.max_connections, "tlsHandshakeTimeout": format_duration(args.tls_handshake_timeout),
+    }
+    if args.cancel_stuck_evacuations:
+        out["cancelInterval"] = format_duration(cancel_interval(args))
+    if ctx.usage_source is not None:
+        src = ctx.usage_source
+        out["prometheus"] = {"url": src.url, "interval": format_duration(src.interval),
+                             "maxAge": format_duration(src.max_age)}
+    return out
+
+
+def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: protocol.HttpLimits,
+                     metrics_sock=None) -> list:
     """What lives beside the HTTPS server: certificate reload, the plain-HTTP metrics port, the descheduler check."""
-    if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
-        raise UsageError(f"--metrics-port: must be a free port other than --port {args.port}, got {args.metrics_port}")
     registry = ctx.metrics.registry
     parts: list = [CertReloader(ssl_ctx, args.tls_cert, args.tls_key, args.client_ca,
                                 interval=args.tls_reload_interval, registry=registry).start()]
@@ -285,7 +337,7 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limit
         try:
             metrics_protocol = listener_protocol(limits, ctx.metrics, "metrics")
             parts.append(MetricsServer(ctx, args.host, args.metrics_port, metrics_protocol,
-                                       idle_timeout=args.idle_timeout).start())
+                                       idle_timeout=args.idle_timeout, sock=metrics_sock).start())
         except OSError as e:
             raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:

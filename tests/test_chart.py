@@ -581,7 +581,11 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         "KubevirtEvictionGuardNodeBlockingSustained", "KubevirtEvictionGuardCooldownPinnedAtMaximum",
         "KubevirtEvictionGuardNotReady", "KubevirtEvictionGuardWatchRestartsClimbing",
         "KubevirtEvictionGuardDeschedulerMisconfigured", "KubevirtEvictionGuardCertificateExpiring",
+        "KubevirtEvictionGuardDown", "KubevirtEvictionGuardFailingOpen",
     }
+    # the API server's count of calls it could not make and let through (tests/test_chart_refusals.py)
+    failing_open = alerts.pop("KubevirtEvictionGuardFailingOpen")
+    assert "apiserver_admission_webhook_fail_open_count{name=" in failing_open["expr"]
     exported = guard_metric_names() | {"up"}
     for name, alert in alerts.items():
         assert alert["labels"]["severity"] and alert["annotations"]["summary"] and alert["for"]
@@ -602,7 +606,7 @@ def test_alerts_can_be_switched_off_one_by_one():
     values = merge(MONITORING, {"metrics": {"prometheusRule": {"rules": {"cooldownPinned": {"enabled": False}}}}})
     (group,) = one(render(values), "PrometheusRule")["spec"]["groups"]
     assert "KubevirtEvictionGuardCooldownPinnedAtMaximum" not in {r["alert"] for r in group["rules"]}
-    assert len(group["rules"]) == 5
+    assert len(group["rules"]) == 7
 
 
 # ---- values.schema.json ----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from app.policy.cancel import evacuations_to_cancel
 from app.policy.cooldown import vm_settings
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
+from app.sim.options import MODES as DEFAULT_MODES
 
 DESCHEDULER, KUBECTL, AUTOSCALER = "descheduler", "kubectl", "autoscaler"
 USERS = {
@@ -84,7 +85,7 @@ GUARD_VARIANTS = {
                                  "targetNodeCooldownChurnOnly": "true"}),
 }
 ALIASES = {"off": "upstream"}
-MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
+MODES = DEFAULT_MODES  # the default comparison (app.sim.options: the command line reads it without this module)
 
 
 @dataclass(frozen=True)
