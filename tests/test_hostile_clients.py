@@ -28,8 +28,10 @@ from bench.attacks import (
     review,
     wait_closed,
 )
-from tests.guard_process import ROOT
+from tests.guard_process import ROOT, free_port
 from tests.live_support import eventually
+
+DEMO = ROOT / "examples" / "demo-snapshot.yaml"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -126,20 +128,22 @@ def test_a_tls_handshake_must_finish_within_the_timeout(tmp_path) -> None:
 
 @pytest.mark.parametrize(("flag", "value", "complaint"), [
     ("--max-header-bytes", "100", "--max-header-bytes: must be at least 1024, got 100"),
-    ("--max-headers", "0", "--max-headers: must be at least 16, got 0"),
+    ("--max-headers", "5", "--max-headers: must be at least 16, got 5"),
+    ("--max-headers", "0", "argument --max-headers: expected a positive whole number"),
     ("--max-connections", "2", "--max-connections: must be at least 8, got 2"),
     ("--tls-handshake-timeout", "0s", "--tls-handshake-timeout: must be positive, got 0s"),
     ("--tls-handshake-timeout", "soon", "--tls-handshake-timeout: "),
-    ("--max-body-bytes", "0", "--max-body-bytes: must be positive, got 0"),
+    ("--max-body-bytes", "0", "argument --max-body-bytes: expected a positive whole number"),
 ])
 def test_a_bad_bound_stops_start_up_naming_it(tmp_path, capsys, flag, value, complaint) -> None:
     from app.tls import issue_certs, write_certs
 
     certs = write_certs(issue_certs("guard", "test"), tmp_path / "certs")
-    snap = tmp_path / "s.yaml"
-    snap.write_text("kind: List\nitems: []\n")
-    code = cli_main(["serve", "--tls-cert", str(certs["cert"]), "--tls-key", str(certs["key"]), "--snapshot", str(snap),
-                     "--port", "0", flag, value])
+    try:
+        code = cli_main(["serve", "--tls-cert", str(certs["cert"]), "--tls-key", str(certs["key"]),
+                         "--snapshot", str(DEMO), "--port", str(free_port()), flag, value])
+    except SystemExit as e:  # argparse's own type check
+        code = e.code
     err = capsys.readouterr().err
     assert code == 2 and complaint in err, err
     assert len(err.strip().splitlines()) == 1
