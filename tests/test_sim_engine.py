@@ -125,7 +125,7 @@ def test_cli_runs_seeds_and_modes_writes_summary_json_plots_csv_and_the_readme(t
     try:
         import matplotlib  # noqa: F401  (the optional 'sim' extra)
     except ImportError:
-        assert "no plots: install the 'sim' extra" in out
+        assert "(no plots: matplotlib is not installed; install it with: " in out
     else:
         assert (out_dir / "hot-node-timeline.png").stat().st_size > 1000
     # the modes, the files and the simplifications: once, in the output folder, not on the terminal
