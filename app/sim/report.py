@@ -45,7 +45,11 @@ SIMPLIFICATIONS = (
     "reached migrationState (an attempt whose target never scheduled is not counted).",
     "Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
     "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
-    "cycle counts one interval.",
+    "cycle counts one interval. Per node: an overutilised node (not being drained) from which a cycle started no "
+    "eviction while a descheduler-caused evacuation of it had failed at least once; one interval per such cycle.",
+    "Leaving a node: marked for evacuation from it by a descheduler eviction, or with an unfinished "
+    "descheduler-caused VMIM (one queued or running after its mark was cancelled still moves the VM); counted "
+    "at every instant the node is not being drained.",
     "Time is whole seconds; object timestamps are truncated to the second, as the API server writes them.",
 )
 
@@ -60,9 +64,11 @@ ROWS = (
     ("spread: std of node score (points)", "spread_score", "{:.2f}"),
     ("spread: std of node CPU (pp)", "spread_cpu", "{:.2f}"),
     ("drain completion (s)", "drain_seconds", "{:.0f}"),
-    ("most VMs leaving one node at once (not drained)", "max_leaving_per_node", "{:.1f}"),
+    ("most VMs leaving one node at once (descheduler-caused, not drained)", "max_leaving_per_node", "{:.1f}"),
     ("descheduler stalled by failing in-flight entries (s)", "stall_seconds", "{:.0f}"),
     ("... longest behind one failing VM (s)", "stall_max_one_vm_seconds", "{:.0f}"),
+    ("hot node held by a failing evacuation: worst node (s)", "stall_node_max_seconds", "{:.0f}"),
+    ("... summed over nodes (s)", "stall_node_seconds", "{:.0f}"),
     ("failed migrations", "failed_migrations", "{:.0f}"),
     ("evictions sent: allowed", "evictions.allowed", "{:.0f}"),
     ("evictions sent: background", "evictions.background", "{:.0f}"),
@@ -73,7 +79,7 @@ ROWS = (
 )
 LISTED = tuple(k for _, k, _ in ROWS if "." not in k) + ("blocked_by_in_flight_seconds", "in_flight_counted_without_request",
                                                           "vms_migrated", "policy_calls",
-                                                          "longest_stall_seconds")
+                                                          "longest_stall_seconds", "stall_nodes")
 
 
 def summary_json(scenario, seeds: list[int], modes: list[str], runs: dict, hours: float | None) -> dict:
