@@ -13,6 +13,8 @@ from app.config import BOOLS, DURATIONS, SETTING_NAMES, SettingsError, kebab
 from app.startup import UsageError
 from app.tls import TLSError
 
+FORMATS = ("text", "json", "yaml")  # explain and report: -o
+
 
 def _policy_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("policy settings (override --config)")
@@ -47,6 +49,11 @@ def _prometheus_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prometheus-max-age", metavar="GO_DURATION", default=None,
                    help="older data fails open with reason metrics_unavailable (default 3 x the interval)")
     g.add_argument("--prometheus-timeout", metavar="GO_DURATION", default=None, help="per query (default 5s)")
+
+
+def _output_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=FORMATS, default="text",
+                   help="text (default), or json / yaml for scripts (durations in seconds, times in RFC 3339)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,12 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--namespace", "-n", required=True)
     explain.add_argument("--pod", required=True)
     explain.add_argument("--requester", default="descheduler", help="descheduler | user:NAME")
+    _output_flag(explain)
     _source_flags(explain)
     _kube_flags(explain)  # without --snapshot: one list of the live cluster
     _policy_flags(explain)
     _prometheus_flags(explain)
 
-    report = sub.add_parser("report", help="every VMI's migration history and cooldown state")
+    report = sub.add_parser("report", help="every VMI's state (the decision for a descheduler eviction of its pod), "
+                                           "cooldown and migration history")
+    _output_flag(report)
     _source_flags(report)
     _kube_flags(report)
     _policy_flags(report)

@@ -133,7 +133,7 @@ def test_explain_shows_the_ranking(prometheus, snapshot_file, capsys) -> None:
     code = cli_main(["explain", "-n", "vms", "--pod", "virt-launcher-db-abcde", "--snapshot", str(snapshot_file),
                      "--now", rfc3339(prometheus.at), "--prometheus-url", prometheus.url])
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == 1  # denied
     assert "reason: better_candidate" in out
     ranks = [line.split()[1] for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert ranks == ["vms/big", "vms/web", "vms/db"]

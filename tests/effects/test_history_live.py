@@ -114,7 +114,7 @@ def test_history_survives_vmim_gc_restart_and_a_second_replica(tmp_path, capsys)
             code = cli.main(["--log-level", "warning", "explain", "--kubeconfig", str(tmp_path / "b" / "kubeconfig"),
                              "-n", NS, "--pod", POD])
             out = capsys.readouterr().out
-            assert code == 0 and "reason: cooldown" in out and "x2^(6-1) for 6 in 48h0m0s" in out, out
+            assert code == 1 and "reason: cooldown" in out and "x2^(6-1) for 6 in 48h0m0s" in out, out
 
             # nothing happening: nothing written (two fresh replicas, each reconciled after its list)
             quiet_from = len(vmi_patches(api))
