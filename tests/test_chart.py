@@ -274,29 +274,31 @@ def grants(role: dict) -> set[tuple[str, str, str]]:
 
 LEAST_PRIVILEGE = (
     {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
-                            ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
+                            ("kubevirt.io", "kubevirts"), ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
     | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch")}
     | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
 )
 HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
-CANCEL = {("subresources.kubevirt.io", "virtualmachineinstances/evacuate", "update")}
+# kube-apiserver authorizes .../evacuate/cancel as subresource "evacuate", virt-api as "evacuate/cancel"
+CANCEL = {("subresources.kubevirt.io", "virtualmachineinstances/evacuate", "update"),
+          ("subresources.kubevirt.io", "virtualmachineinstances/evacuate/cancel", "update")}
 
 
 def test_rbac_grants_exactly_the_listed_verbs():
     docs = render()
     role = one(docs, "ClusterRole")
-    assert grants(role) == LEAST_PRIVILEGE | DESCHEDULER_READ
+    assert grants(role) == LEAST_PRIVILEGE | DESCHEDULER_READ | CANCEL  # the canceller's rule is there by default
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
-    assert grants(one(render({"deschedulerCheck": {"enabled": False}}), "ClusterRole")) == LEAST_PRIVILEGE
+    assert grants(one(render({"deschedulerCheck": {"enabled": False}}), "ClusterRole")) == LEAST_PRIVILEGE | CANCEL
     no_history = render({"historyAnnotation": {"enabled": False}})
-    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | DESCHEDULER_READ
+    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | DESCHEDULER_READ | CANCEL
     assert "--no-history-annotation" in container(no_history)["args"]
     assert "--no-history-annotation" not in container(docs)["args"]
-    cancelling = render({"cancelStuckEvacuations": {"enabled": True}})
-    assert grants(one(cancelling, "ClusterRole")) == LEAST_PRIVILEGE | DESCHEDULER_READ | CANCEL
-    assert "--cancel-stuck-evacuations" in container(cancelling)["args"]
-    assert "--cancel-stuck-evacuations" not in container(docs)["args"]  # off by default
+    not_cancelling = render({"cancelStuckEvacuations": {"enabled": False}})
+    assert grants(one(not_cancelling, "ClusterRole")) == LEAST_PRIVILEGE | DESCHEDULER_READ
+    assert "--no-cancel-stuck-evacuations" in container(not_cancelling)["args"]
+    assert not any("cancel-stuck" in a for a in container(docs)["args"])  # on by default: the guard probes
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")
@@ -536,6 +538,7 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         "KubevirtEvictionGuardNodeBlockingSustained", "KubevirtEvictionGuardCooldownPinnedAtMaximum",
         "KubevirtEvictionGuardNotReady", "KubevirtEvictionGuardWatchRestartsClimbing",
         "KubevirtEvictionGuardDeschedulerMisconfigured", "KubevirtEvictionGuardCertificateExpiring",
+        "KubevirtEvictionGuardNodeHeld", "KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt",
     }
     exported = guard_metric_names() | {"up"}
     for name, alert in alerts.items():
@@ -551,13 +554,17 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
     assert "openshift-kube-descheduler-operator" in fix
     assert 'le="14400.0"' in alerts["KubevirtEvictionGuardCooldownPinnedAtMaximum"]["expr"]  # Python's le spelling
     assert "by (node)" in alerts["KubevirtEvictionGuardNodeBlockingSustained"]["expr"]
+    assert "kubevirt_eviction_guard_held_nodes" in alerts["KubevirtEvictionGuardNodeHeld"]["expr"]
+    held = alerts["KubevirtEvictionGuardNodeHeld"]["annotations"]["description"]
+    assert "virtctl evacuate-cancel" in held and "reason=NodeHeld" in held  # names the fix and where to look
+    assert 'node_limit_above_kubevirt="true"' in alerts["KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt"]["expr"]
 
 
 def test_alerts_can_be_switched_off_one_by_one():
     values = merge(MONITORING, {"metrics": {"prometheusRule": {"rules": {"cooldownPinned": {"enabled": False}}}}})
     (group,) = one(render(values), "PrometheusRule")["spec"]["groups"]
     assert "KubevirtEvictionGuardCooldownPinnedAtMaximum" not in {r["alert"] for r in group["rules"]}
-    assert len(group["rules"]) == 5
+    assert len(group["rules"]) == 7
 
 
 # ---- values.schema.json ----------------------------------------------------------------------------

@@ -23,10 +23,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Union
 
-from app.domain.kinds import KUBEVIRT, NODE, POD, VMI, VMIM
+from app.domain.descheduler import DeschedulerRecord
+from app.domain.kinds import DESCHEDULER, KUBEVIRT, NODE, POD, VMI, VMIM
 from app.domain.records import KubeVirtRecord, LauncherPod, MigrationRecord, NodeRecord, VMIRecord, arrived_by_state
 
-Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord, KubeVirtRecord]
+Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord, KubeVirtRecord, DeschedulerRecord]
 Key = Union[tuple[str, str], str]
 # (kind, old record or None, new record); (kind, None, None) after ``replace`` of the whole kind
 Listener = Callable[[str, Any, Any], None]
@@ -55,6 +56,7 @@ class ClusterStore:
         self._moves_to: dict[str, tuple[MigrationRecord, ...]] = {}
         # the KubeVirt CR(s), by (namespace, name): KubeVirt runs with exactly one
         self._kubevirts: dict[tuple[str, str], KubeVirtRecord] = {}
+        self._descheduler: DeschedulerRecord | None = None  # the KubeDescheduler, for report
         # called (outside the lock) with each VMIM the store held unfinished and now holds final
         self.on_migration_finished: Callable[[MigrationRecord], None] | None = None
         self._listeners: tuple[Listener, ...] = ()
@@ -109,6 +111,10 @@ class ClusterStore:
         """The KubeVirt CR (the first by namespace and name, should there be several); None when unknown."""
         kvs = self._kubevirts
         return kvs[min(kvs)] if kvs else None
+
+    def descheduler(self) -> DeschedulerRecord | None:
+        """The KubeDescheduler, when the state was loaded with one (report); None otherwise."""
+        return self._descheduler
 
     def vmis(self) -> list[VMIRecord]:
         return [v for names in list(self._vmis.values()) for v in list(names.values())]
@@ -179,6 +185,10 @@ class ClusterStore:
             kvs = {r.key: r for r in records}  # type: ignore[union-attr]
             with self._lock:
                 self._kubevirts = kvs  # type: ignore[assignment]
+        elif kind == DESCHEDULER:
+            found = list(records)
+            with self._lock:
+                self._descheduler = found[0] if found else None  # type: ignore[assignment]
         elif kind == POD:
             pods = _nest(records)
             with self._lock:
@@ -226,6 +236,8 @@ class ClusterStore:
             return self._nodes.get(record.key)
         if isinstance(record, KubeVirtRecord):
             return self._kubevirts.get(record.key)
+        if isinstance(record, DeschedulerRecord):
+            return self._descheduler
         nested = {LauncherPod: self._pods, VMIRecord: self._vmis, MigrationRecord: self._vmims}.get(type(record))
         return nested.get(record.namespace, _NO_NS).get(record.name) if nested is not None else None  # type: ignore[union-attr]
 
@@ -237,6 +249,8 @@ class ClusterStore:
             self._nodes[record.key] = record
         elif isinstance(record, KubeVirtRecord):
             self._kubevirts = {**self._kubevirts, record.key: record}
+        elif isinstance(record, DeschedulerRecord):
+            self._descheduler = record
         elif isinstance(record, VMIRecord):
             self._vmis.setdefault(record.namespace, {})[record.name] = record
             self._refresh_leaving(record.key)
@@ -337,7 +351,8 @@ class ClusterStore:
         self._leaving_of = leaving_of
 
 
-_KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE, KubeVirtRecord: KUBEVIRT}
+_KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE, KubeVirtRecord: KUBEVIRT,
+            DeschedulerRecord: DESCHEDULER}
 
 
 def _newest_first(moves: Iterable[MigrationRecord]) -> tuple[MigrationRecord, ...]:

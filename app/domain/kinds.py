@@ -8,3 +8,4 @@ VMI, VMIM, POD, NODE = "vmi", "vmim", "pod", "node"
 KINDS = (VMI, VMIM, POD, NODE)
 KUBEVIRT = "kubevirt"
 OPTIONAL_KINDS = (KUBEVIRT,)
+DESCHEDULER = "kubedescheduler"  # read by report from a snapshot or a live list; serve follows it on its own

@@ -39,6 +39,7 @@ from app.domain.records import (
     EVACUATION_MIGRATION,
     EVICTION_IN_PROGRESS,
     MIGRATION_JOB_LABEL,
+    kubevirt_from_object,
     migration_from_object,
     node_from_object,
     pod_from_object,
@@ -216,6 +217,7 @@ class KubeVirt:
         self.pod_listeners: list[Callable[[Pod, int], None]] = []  # the pod informer: update events
         self.pod_delete_listeners: list[Callable[[Pod], None]] = []
         self._seq = 0
+        self.publish_kubevirt()
         for n in nodes:
             self.publish_node(n)
         for vm, node_index in zip(vms, placement):
@@ -226,6 +228,15 @@ class KubeVirt:
             self.publish_vmi(vmi)
 
     # ---- publication into the store (as the API server's objects) ------------
+
+    def publish_kubevirt(self) -> None:
+        """The KubeVirt CR: the migration limits modelled here, and LiveMigrate for every VM (all are migratable)."""
+        self.store.upsert(kubevirt_from_object({
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"configuration": {"evictionStrategy": "LiveMigrate", "migrations": {
+                "parallelOutboundMigrationsPerNode": self.s.parallel_outbound_migrations_per_node,
+                "parallelMigrationsPerCluster": self.s.parallel_migrations_per_cluster}}},
+        }))
 
     def publish_node(self, n: Node) -> None:
         spec: dict = {}
