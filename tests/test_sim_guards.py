@@ -21,7 +21,7 @@ def mode(name, kv, guard=SETTINGS):
 
 
 def test_modes_are_baselines_with_optional_guard_variants():
-    assert MODES == ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
+    assert MODES == ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard", "upstream+guard-nocancel")
     assert parse_mode("off").baseline == parse_mode("upstream").baseline
     assert parse_mode("profile+guard").baseline.plugin and parse_mode("profile+guard").guard is not None
     assert parse_mode("node-limit-1").baseline.eviction_limit_node == 1

@@ -86,7 +86,7 @@ GUARD_VARIANTS = {
                                  "targetNodeCooldownChurnOnly": "true"}),
 }
 ALIASES = {"off": "upstream"}
-MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
+MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard", "upstream+guard-nocancel")
 
 
 @dataclass(frozen=True)

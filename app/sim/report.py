@@ -294,8 +294,10 @@ def readme_section(summaries: list[dict], command: str) -> str:
         "`upstream` (upstream descheduler, background evictions, limits 2/5, no KubeVirt plugin),",
         "`profile` (upstream plus the KubevirtMigrationAware plugin: OpenShift's KubeVirtRelieveAndMigrate as",
         "shipped), `node-limit-1` (upstream with `evictionLimits.node: 1`), and the guard (this project's policy",
-        "code, default settings) in front of `upstream` and of `profile`. Cells are the mean over seeds, with",
-        "min–max in brackets. Spread is time-weighted (sampled every minute) over schedulable nodes.",
+        "code, default settings, its canceller on as where KubeVirt serves `evacuate/cancel`) in front of `upstream`",
+        "and of `profile`, and in front of `upstream` without its canceller (`upstream+guard-nocancel`: KubeVirt < 1.8",
+        "or no RBAC rule). Cells are the mean over seeds, with min–max in brackets. Spread is time-weighted (sampled",
+        "every minute) over schedulable nodes.",
         "",
     ]
     for s in summaries:
