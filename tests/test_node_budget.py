@@ -223,3 +223,46 @@ def test_held_node_watch_writes_one_warning_event_and_sets_the_gauges(tmp_path):
     assert sample("kubevirt_eviction_guard_pinned_vms") == 1
     assert sample("kubevirt_eviction_guard_not_migratable_vms") == 0  # no strategy, no KubeVirt CR: unknown
     assert sample("kubevirt_eviction_guard_background_passes_total", {"loop": "held_nodes"}) == 2
+
+
+# ---- the moment between an eviction let through and KubeVirt's mark reaching the guard's watch -------------
+
+
+def test_a_vm_let_go_a_moment_ago_counts_until_its_mark_shows():
+    """The descheduler evicts one pod after another; KubeVirt marks the first VMI while answering, but the guard
+    learns of the mark through its watch, which may come after the second request. Each eviction the guard lets
+    through counts as a departure for ``ALLOWED_GRACE`` seconds (real time), or until the mark is seen."""
+    from app.cluster.store import ALLOWED_GRACE
+    from app.effects import Effects
+    from tests.effects.support import NOW as FX_NOW
+    from tests.effects.support import RecordingApi, decided, node_obj, pod_obj, vmi_obj
+    from tests.effects.support import store_of as fx_store
+
+    store = fx_store(node_obj("node-a"), vmi_obj("db", "node-a"), pod_obj("virt-launcher-db", "db", "node-a"),
+                     vmi_obj("web", "node-a"), pod_obj("virt-launcher-web", "web", "node-a"))
+    clock = [100.0]
+    store.monotonic = lambda: clock[0]
+    fx = Effects(store, RecordingApi(), Metrics(), events=False, annotate=False, note_allowed=True)
+    review, first = decided(store, "virt-launcher-db", FX_NOW)
+    assert first.allowed and first.reason == "allowed"
+    fx.on_decision(review, first)
+    _, second = decided(store, "virt-launcher-web", FX_NOW)
+    assert second.reason == "node_busy"
+    assert "(vms/db (its eviction was let through a moment ago))" in second.message
+    fx.on_decision(*decided(store, "virt-launcher-web", FX_NOW, dry_run=True))  # a dry run lets nothing go
+    assert store.recently_allowed("node-a") == [("vms", "db")]
+    clock[0] += ALLOWED_GRACE + 0.001  # the mark never came (KubeVirt refused it, say): the node is free again
+    assert decided(store, "virt-launcher-web", FX_NOW)[1].reason == "allowed"
+
+
+def test_snapshot_mode_lets_nothing_linger():
+    """Without an API server no mark will ever come: serve --snapshot does not keep the ledger."""
+    from app.effects import Effects
+    from tests.effects.support import NOW as FX_NOW
+    from tests.effects.support import RecordingApi, decided, node_obj, pod_obj, vmi_obj
+    from tests.effects.support import store_of as fx_store
+
+    store = fx_store(node_obj("node-a"), vmi_obj("db", "node-a"), pod_obj("virt-launcher-db", "db", "node-a"))
+    fx = Effects(store, RecordingApi(), Metrics(), events=False, annotate=False)
+    fx.on_decision(*decided(store, "virt-launcher-db", FX_NOW))
+    assert store.recently_allowed("node-a") == []
