@@ -230,6 +230,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     policy = {"migrationCooldown": "10m", "maxMigrationCooldown": "0", "migrationHistoryWindow": "24h",
               "cooldownScope": "all", "deschedulerUsers": ["system:serviceaccount:kube-system:descheduler"],
               "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m", "honorPreferNoEviction": False,
+              "refuseNotMigratable": False,
               "evacuationStaleAfterFailures": 5,
               "nodeCooldown": "5m", "targetNodeCooldown": "30m", "nodeCooldownWindow": "0s", "maxNodeCooldown": "2h",
               "targetNodeCooldownChurnOnly": True}
@@ -240,7 +241,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     assert settings.migration_history_window == 86400 and settings.cooldown_scope == "all"
     assert settings.descheduler_users == frozenset(policy["deschedulerUsers"])
     assert settings.pending_evacuations_per_node == 2 and settings.evacuation_stale_after == 5400
-    assert settings.honor_prefer_no_eviction is False
+    assert settings.honor_prefer_no_eviction is False and settings.refuse_not_migratable is False
     assert settings.evacuation_stale_after_failures == 5
     assert (settings.node_cooldown, settings.target_node_cooldown, settings.node_cooldown_window,
             settings.max_node_cooldown, settings.target_node_cooldown_churn_only) == (300, 1800, 0, 7200, True)

@@ -222,6 +222,8 @@ ROWS = [
     Row("7n an admin's eviction is not touched", [NOT_MIGRATABLE, DB_POD], user(), True, "allowed"),
     Row("7n an admin's eviction is not touched, even with cooldownScope all", [NOT_MIGRATABLE, DB_POD], user(), True,
         "allowed", settings=PolicySettings(cooldown_scope="all")),
+    Row("7n refuseNotMigratable false", [NOT_MIGRATABLE, DB_POD], desched(), True, "allowed",
+        settings=PolicySettings(refuse_not_migratable=False)),
     Row("7n exempt wins", [vmi("db", "worker-a", strategy="None", annotations=EXEMPT), DB_POD], desched(), True,
         "allowed", "exempt"),
     Row("7n before 7a", [vmi("db", "worker-a", strategy="None", annotations={PNE: ""}), DB_POD_PNE], desched(), False,

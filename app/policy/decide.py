@@ -105,7 +105,7 @@ def decide(
         return _allow(Reason.ALLOWED, f'node "{pod.node}" is being drained ({node.drain}): drains are never held back',
                       dry, vmi, pod)
     # 7n. the VM cannot live-migrate: KubeVirt would let the eviction through and the VM would stop
-    if descheduler:
+    if descheduler and settings.refuse_not_migratable:
         why = not_migratable(vmi, view.kubevirt())
         if why is not None:
             msg = (f'VMI "{vmi.namespace}/{vmi.name}" cannot live-migrate ({why}): KubeVirt would let this eviction '
@@ -217,7 +217,7 @@ def is_movable(view: ClusterView, key: tuple[str, str], node: str, now: float, s
         return False
     if settings.honor_prefer_no_eviction and other.prefer_no_eviction:
         return False  # rule 7a refuses it: holding the others back for it would hold the node for ever
-    if not_migratable(other, view.kubevirt()) is not None:
+    if settings.refuse_not_migratable and not_migratable(other, view.kubevirt()) is not None:
         return False  # rule 7n refuses it, likewise
     migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
     if describe_in_flight(other, migrations, now):

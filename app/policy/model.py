@@ -53,6 +53,7 @@ class PolicySettings:
     steering_min_gain: float = 5.0  # best move must lower the higher of hot/target score by this much
     steering_margin: float = 5.0  # another VM must beat this one by more than this to hold it back
     honor_prefer_no_eviction: bool = True
+    refuse_not_migratable: bool = True  # rule 7n
     # rules 8b/8c, node cooldowns (0 = off): floor, doubled per descheduler move of the node within
     # node_cooldown_window (0 = never doubled), capped at max_node_cooldown (0 = no cap)
     node_cooldown: float = 0.0
