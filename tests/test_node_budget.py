@@ -26,7 +26,6 @@ from tests.builders import (
     failing_evacuation,
     mstate,
     node,
-
     store_of,
     vmi,
     vmim,
@@ -78,7 +77,10 @@ def test_a_budget_of_two_holds_at_two(scenario_data):
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True)]
 
 
-def leaving_names(objects, at="worker-a", now=NOW, settings=PolicySettings()):
+DEFAULTS = PolicySettings()
+
+
+def leaving_names(objects, at="worker-a", now=NOW, settings=DEFAULTS):
     return [(x.name, x.state) for x in leavers(at, store_of(*NODES, *objects), now, settings)]
 
 
@@ -107,7 +109,7 @@ def test_leavers_oldest_first_with_their_state():
     ]
 
 
-def held(objects, settings=PolicySettings(), now=NOW, at="worker-a"):
+def held(objects, settings=DEFAULTS, now=NOW, at="worker-a"):
     store = store_of(*NODES, *objects)
     return held_node(store.node(at), store, now, settings)
 

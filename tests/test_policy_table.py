@@ -85,10 +85,10 @@ DB_MARKED = vmi("db", "worker-a", evacuation="worker-a", annotations=SRC)
 # KubeVirt 1.9's VMIM conditions that hold a migration back (virt-controller's texts)
 BACKUP = condition("migrationBlockedByBackup", "BackupInProgress", "Waiting for backup nightly-db to complete")
 QUOTA = condition("migrationRejectedByResourceQuota")
-DISKS = ("False", "DisksNotLiveMigratable", "cannot migrate VMI: PVC db-disk is not shared, live migration requires "
-         "that all PVCs must be shared (using ReadWriteMany access mode)")
+DISKS = ("False", "DisksNotLiveMigratable", ("cannot migrate VMI: PVC db-disk is not shared, live migration requires "
+                                             "that all PVCs must be shared (using ReadWriteMany access mode)"))
 NOT_MIGRATABLE = vmi("db", "worker-a", strategy="LiveMigrateIfPossible", migratable=DISKS)
-KV_NONE, KV_LM, KV_UNSET = kubevirt_cr("None"), kubevirt_cr("LiveMigrate"), kubevirt_cr()
+KV_NONE, KV_UNSET = kubevirt_cr("None"), kubevirt_cr()
 
 ROWS = [
     # 1. not a CREATE of pods/eviction

@@ -90,31 +90,29 @@ def list_into(client: ApiClient, store: ClusterStore) -> SnapshotStats:
     )
     stats = SnapshotStats()
     for kind, parse, what, call in sources:
-        records = []
-        for item in _pages(what, call):
-            try:
-                records.append(parse(item))
-            except RecordError:
-                stats.skipped_malformed += 1
-        store.replace(kind, records)
-        stats.loaded[kind] = len(records)
+        _list_kind(store, stats, kind, parse, what, call)
     list_optional(custom, store, stats)
     return stats
+
+
+def _list_kind(store: ClusterStore, stats: SnapshotStats, kind: str, parse: Callable[[Any], Any], what: str,
+               call: Callable[..., Any]) -> None:
+    records = []
+    for item in _pages(what, call):
+        try:
+            records.append(parse(item))
+        except RecordError:
+            stats.skipped_malformed += 1
+    store.replace(kind, records)
+    stats.loaded[kind] = len(records)
 
 
 def list_optional(custom: CustomObjectsApi, store: ClusterStore, stats: SnapshotStats) -> None:
     """The KubeVirt CR and the KubeDescheduler, when they exist and we may read them: report shows their
     limits beside each other. Absent or forbidden, they are left out (report says "unknown")."""
     try:
-        kubevirts = []
-        for item in _pages("kubevirts.kubevirt.io",
-                           lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT_GV, "kubevirts", **kw)):
-            try:
-                kubevirts.append(kubevirt_from_object(item))
-            except RecordError:
-                stats.skipped_malformed += 1
-        store.replace(KUBEVIRT, kubevirts)
-        stats.loaded[KUBEVIRT] = len(kubevirts)
+        _list_kind(store, stats, KUBEVIRT, kubevirt_from_object, "kubevirts.kubevirt.io",
+                   lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT_GV, "kubevirts", **kw))
     except ListError as e:
         if e.status not in OPTIONAL_MISSING:
             raise

@@ -151,7 +151,8 @@ def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[
     for kind, records in by_kind.items():
         store.replace(kind, records)
     counts = store.counts()
-    for kind in by_kind:
-        # what the store holds: an object listed twice is one object
-        stats.loaded[kind] = counts.get(kind, len(by_kind[kind]))
+    for kind, records in by_kind.items():
+        if kind in KINDS or records:  # the optional kinds only when the file has them
+            # what the store holds: an object listed twice is one object
+            stats.loaded[kind] = counts.get(kind, len(records))
     return store, stats

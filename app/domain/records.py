@@ -483,7 +483,7 @@ class KubeVirtRecord:
 
 
 def kubevirt_from_object(obj: Any) -> KubeVirtRecord:
-    meta, ns, name = _meta(obj)
+    _, ns, name = _meta(obj)
     config = _d(_d(obj.get("spec")).get("configuration"))
     migrations = _d(config.get("migrations"))
     return KubeVirtRecord(

@@ -47,14 +47,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from app.domain.records import MigrationRecord, NodeRecord, VMIRecord
-from app.effects.events import COMPONENT
+from app.effects.events import COMPONENT, vmi_event
 from app.effects.kubeapi import EffectsApi, NotFound, PermanentApiError, TransientApiError
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
 from app.policy.cancel import evacuations_to_cancel
 from app.policy.decide import StuckEvacuation
 from app.policy.model import PolicySettings
-from app.timefmt import format_timestamp
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 KIND = "cancel"
@@ -101,22 +100,7 @@ def cancel_event(stuck: StuckEvacuation, uid: str, now: float, instance: str) ->
     message = (f'Cancelled the evacuation of this VMI from node "{stuck.node}" (evacuate/cancel): it was caused by '
                f"the descheduler and is stuck ({stuck.why}); KubeVirt creates no new migration for it"
                + ("; the attempt already created still runs" if stuck.running else ""))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{stuck.name}.{time.time_ns():x}", "namespace": stuck.namespace},
-        "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                           "namespace": stuck.namespace, "name": stuck.name, "uid": uid},
-        "reason": EVENT_REASON,
-        "message": message,
-        "type": "Warning",
-        "count": 1,
-        "firstTimestamp": format_timestamp(now),
-        "lastTimestamp": format_timestamp(now),
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": instance,
-    }
+    return vmi_event(stuck.namespace, stuck.name, uid, EVENT_REASON, message, now, instance)
 
 
 class CancelJob:

@@ -25,13 +25,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from app.domain.records import KubeVirtRecord, LauncherPod, MigrationRecord, NodeRecord, VMIRecord
-from app.effects.events import COMPONENT
+from app.effects.events import COMPONENT, vmi_event
 from app.effects.kubeapi import EffectsApi, NotFound
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
 from app.policy.decide import HeldNode, Leaver, fix_for, held_node, is_migration_target, is_vm_pod, not_migratable
 from app.policy.model import PolicySettings
-from app.timefmt import format_duration, format_timestamp
+from app.timefmt import format_duration
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 KIND = "held"
@@ -62,22 +62,7 @@ def held_event(held: HeldNode, one: Leaver, uid: str, budget: int, now: float, i
                f"{format_duration(one.age) if one.age is not None else 'an unknown time'}{why}, and while "
                f"{budget} VM(s) are leaving it (pendingEvacuationsPerNode) the guard refuses the descheduler's "
                f"evictions from it. Fix: {fix_for(one)}")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{one.name}.{time.time_ns():x}", "namespace": one.namespace},
-        "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                           "namespace": one.namespace, "name": one.name, "uid": uid},
-        "reason": EVENT_REASON,
-        "message": message,
-        "type": "Warning",
-        "count": 1,
-        "firstTimestamp": format_timestamp(now),
-        "lastTimestamp": format_timestamp(now),
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": instance,
-    }
+    return vmi_event(one.namespace, one.name, uid, EVENT_REASON, message, now, instance)
 
 
 class HeldEventJob:

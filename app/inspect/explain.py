@@ -8,11 +8,11 @@ from typing import Any, TextIO
 
 from app.cluster.store import ClusterStore
 from app.domain.usage import UsageSnapshot
+from app.inspect.cluster import kubevirt_fields
 from app.inspect.fields import decision_fields, duration_text, emit, seconds, timestamp
 from app.inspect.vm import cooldown_fields, long_notes, per_vm, vm_cooldown
 from app.policy import decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
-from app.inspect.cluster import kubevirt_fields
 from app.policy.decide import (
     blocked_text,
     blocking_migration,

@@ -43,13 +43,13 @@ SIMPLIFICATIONS = (
     "max-pod-eviction-time is not modelled); drained nodes leave the spread.",
     "The plugin model: filter and pre-eviction filter are one check; its history is fed by every migration that "
     "reached migrationState (an attempt whose target never scheduled is not counted).",
-    "Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
-    "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
-    "cycle counts one interval. Per node: an overutilised node (not being drained) from which a cycle started no "
-    "eviction while a descheduler-caused evacuation of it had failed at least once; one interval per such cycle.",
-    "Leaving a node: marked for evacuation from it by a descheduler eviction, or with an unfinished "
-    "descheduler-caused VMIM (one queued or running after its mark was cancelled still moves the VM); counted "
-    "at every instant the node is not being drained.",
+    ("Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
+     "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
+     "cycle counts one interval. Per node: an overutilised node (not being drained) from which a cycle started no "
+     "eviction while a descheduler-caused evacuation of it had failed at least once; one interval per such cycle."),
+    ("Leaving a node: marked for evacuation from it by a descheduler eviction, or with an unfinished "
+     "descheduler-caused VMIM (one queued or running after its mark was cancelled still moves the VM); counted "
+     "at every instant the node is not being drained."),
     "Time is whole seconds; object timestamps are truncated to the second, as the API server writes them.",
 )
 
