@@ -30,10 +30,6 @@ of the denials the state justifies (the migrating VM, the target pod, the
 control), plus EvictionAllowed on the VMIs the store names for the two
 allowed descheduler evictions (the guard did allow them). Last, the genuine
 eviction of the evacuating pod is patched.
-
-An eviction the guard allows counts as leaving its node, in the replica's memory, for a few seconds (until
-KubeVirt's mark shows): a forged one too, which is why the two allowed reviews name VMs on different nodes. It
-writes nothing and lapses by itself.
 """
 
 from __future__ import annotations
@@ -58,7 +54,7 @@ CONTROL = "virt-launcher-ctl"
 
 def seed(api: FakeApiServer) -> None:
     now = time.time()
-    for n in ("node-a", "node-b", "node-c", "node-d"):
+    for n in ("node-a", "node-b", "node-c"):
         api.put(o.node(n))
     # evac: marked for evacuation from node-a, its target pod already on node-b, an old pod done on node-a
     api.put(o.vmi(NS, "evac", node="node-a", uid="uid-evac", evacuation_node="node-a", created=now - 86400))
@@ -73,8 +69,8 @@ def seed(api: FakeApiServer) -> None:
     api.put(o.vmi(NS, "quiet", node="node-c", uid="uid-quiet", created=now - 86400))
     api.put(o.launcher_pod(NS, "quiet", "node-c", name=QUIET, vmi_uid="uid-quiet"))
     # a quiet twin of evac in another namespace: same VMI name, same pod name
-    api.put(o.vmi(OTHER, "evac", node="node-d", uid="uid-other-evac", created=now - 86400))
-    api.put(o.launcher_pod(OTHER, "evac", "node-d", name=EVAC, vmi_uid="uid-other-evac"))
+    api.put(o.vmi(OTHER, "evac", node="node-c", uid="uid-other-evac", created=now - 86400))
+    api.put(o.launcher_pod(OTHER, "evac", "node-c", name=EVAC, vmi_uid="uid-other-evac"))
 
 
 def forged(pod: str, uid: str, namespace: str = NS, **changes) -> dict:
