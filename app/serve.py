@@ -194,10 +194,8 @@ def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics,
         raise UsageError(f"--side-effect-queue: must be positive, got {args.side_effect_queue}")
     api = KubeEffectsApi(api_client) if api_client is not None else LogOnlyApi()
     on = not args.no_side_effects
-    # live mode: rule 8 counts a VM let go a moment ago until the watch shows its mark (a snapshot never will)
     return Effects(view, api, metrics, queue_capacity=args.side_effect_queue, event_interval=interval,
-                   annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users,
-                   note_allowed=api_client is not None)
+                   annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users)
 
 
 def serve(args: argparse.Namespace) -> int:

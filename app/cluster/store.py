@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Union
 
@@ -38,9 +37,6 @@ _NO_NS: dict = {}  # stands in for an absent namespace; never written to
 # finished moves kept per node and direction for the node cooldowns (rules 8b, 8c): the newest few are all
 # those rules read (the last end, and a count that stops mattering once the cooldown reaches its cap)
 MOVES_KEPT = 32
-# how long an eviction the guard let through counts as a departure before the VMI's watch shows KubeVirt's mark
-# (normally milliseconds; the descheduler's next eviction from the same node can come sooner)
-ALLOWED_GRACE = 10.0
 
 
 class ClusterStore:
@@ -61,9 +57,6 @@ class ClusterStore:
         # the KubeVirt CR(s), by (namespace, name): KubeVirt runs with exactly one
         self._kubevirts: dict[tuple[str, str], KubeVirtRecord] = {}
         self._descheduler: DeschedulerRecord | None = None  # the KubeDescheduler, for report
-        # node -> {VMI key: monotonic time}: evictions this replica let through, not yet seen as a mark
-        self._allowed: dict[str, dict[tuple[str, str], float]] = {}
-        self.monotonic: Callable[[], float] = time.monotonic
         # called (outside the lock) with each VMIM the store held unfinished and now holds final
         self.on_migration_finished: Callable[[MigrationRecord], None] | None = None
         self._listeners: tuple[Listener, ...] = ()
@@ -113,23 +106,6 @@ class ClusterStore:
     def moves_to(self, node: str) -> tuple[MigrationRecord, ...]:
         """Succeeded VMIMs whose target was ``node``, newest end first (the newest MOVES_KEPT)."""
         return self._moves_to.get(node, _EMPTY)
-
-    def recently_allowed(self, node: str) -> list[tuple[str, str]]:
-        """VMIs whose eviction from ``node`` this replica let through less than ``ALLOWED_GRACE`` seconds ago
-        (real time: the watch's lag is real). Policy counts them as leaving until their mark shows."""
-        per = self._allowed.get(node)
-        if not per:
-            return []
-        cutoff = self.monotonic() - ALLOWED_GRACE
-        return [k for k, t in per.items() if t > cutoff]
-
-    def note_allowed(self, node: str, key: tuple[str, str]) -> None:
-        """An eviction of this VMI's pod on ``node`` was let through: KubeVirt marks it next."""
-        now = self.monotonic()
-        with self._lock:
-            per = {k: t for k, t in self._allowed.get(node, {}).items() if t > now - ALLOWED_GRACE}
-            per[key] = now
-            self._allowed[node] = per  # replaced whole: readers never see a dict being changed
 
     def kubevirt(self) -> KubeVirtRecord | None:
         """The KubeVirt CR (the first by namespace and name, should there be several); None when unknown."""

@@ -47,10 +47,6 @@ class ClusterView(Protocol):
         """Succeeded VMIMs that moved a VM onto ``node``, newest end first (a bounded recent few)."""
         ...
 
-    def recently_allowed(self, node: str) -> Sequence[tuple[str, str]]:
-        """VMIs whose eviction from ``node`` was let through a moment ago, before their mark could be seen."""
-        ...
-
     def kubevirt(self) -> KubeVirtRecord | None:
         """The KubeVirt CR's settings; None when unknown (not readable, not listed yet): rules fail open."""
         ...

@@ -52,10 +52,7 @@ class Effects:
         events: bool = True,
         clock: Callable[[], float] = time.time,
         descheduler_users: frozenset[str] = frozenset(),
-        note_allowed: bool = False,
     ) -> None:
-        """``note_allowed``: tell the store of each eviction let through (live mode), so that rule 8 counts the
-        VM as leaving before the watch brings KubeVirt's mark (``ClusterStore.note_allowed``)."""
         self.view = view
         self.api = api
         self.queue = EffectQueue(metrics, capacity=queue_capacity, max_attempts=max_attempts, backoff=backoff)
@@ -63,7 +60,6 @@ class Effects:
         self.annotate = annotate
         self.descheduler_users = descheduler_users  # the policy setting: users counted as the descheduler
         self.clock = clock
-        self.note_allowed = note_allowed and hasattr(view, "note_allowed")
         self.history: HistoryRecorder | None = None
         self.canceller: StuckCanceller | None = None
         self.held: HeldNodeWatch | None = None
@@ -119,8 +115,6 @@ class Effects:
         log_decision(review, decision)
         if decision.dry_run or review.eviction.dry_run:
             return
-        if decision.allowed and self.note_allowed and decision.reason == Reason.ALLOWED and decision.vmi is not None:
-            self.view.note_allowed(decision.node, decision.vmi.key)  # type: ignore[attr-defined]
         if decision.allowed:
             if self.events is not None and decision.reason == Reason.ALLOWED and self._from_descheduler(review):
                 self.events.record(review, decision)

@@ -278,8 +278,7 @@ def in_scope(req: EvictionRequest, settings: PolicySettings) -> bool:
 def others_leaving(node: str, vmi: VMIRecord, view: ClusterView) -> list[tuple[str, str]]:
     """Rule 8: the other VMs leaving ``node``, sorted (namespace, name). Every departure counts until it
     ends: the VM left, or it is no longer marked and has no unfinished VMIM. A stuck or a waiting one
-    counts too: letting a second VM go beside it is the second retry loop the budget exists to prevent.
-    So does a VM whose eviction was let through a moment ago, before the watch showed KubeVirt's mark."""
+    counts too: letting a second VM go beside it is the second retry loop the budget exists to prevent."""
     out = []
     key = vmi.key
     for other in view.leaving_candidates(node):
@@ -287,8 +286,6 @@ def others_leaving(node: str, vmi: VMIRecord, view: ClusterView) -> list[tuple[s
             continue
         if is_leaving(other, relevant_migrations(other, view.migrations(other.namespace, other.name)), node):
             out.append(other.key)
-    seen = set(out)
-    out += [k for k in view.recently_allowed(node) if k != key and k not in seen]
     out.sort()
     return out
 
@@ -343,8 +340,6 @@ def describe_leaver(key: tuple[str, str], view: ClusterView, node: str, now: flo
     if other is None:
         return "/".join(key)
     migrations = relevant_migrations(other, view.migrations(*key))
-    if not is_leaving(other, migrations, node):
-        return f"{other.namespace}/{other.name} (its eviction was let through a moment ago)"
     one = leaver(other, migrations, node, view.node(node), now, settings)
     return f"{one.ref} ({one.state})" if one.state else one.ref
 
