@@ -20,6 +20,7 @@ from app.domain.records import (
     LIVE_MIGRATE_IF_POSSIBLE,
     PREFER_NO_EVICTION,
     RECEIVE,
+    SEND_TO,
     STRATEGY_NONE,
     KubeVirtRecord,
     LauncherPod,
@@ -258,7 +259,7 @@ def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
     pending = [m for m in migrations if not m.finished]
     if pending:
         m = blocked if blocked is not None else min(pending, key=lambda m: m.created or 0.0)
-        kind = {"sendTo": "decentralized migration (sendTo: leaving for another namespace or cluster) ",
+        kind = {SEND_TO: "decentralized migration (sendTo: leaving for another namespace or cluster) ",
                 RECEIVE: "decentralized migration (receive: arriving from another namespace or cluster) "}.get(
                     m.decentralized, "migration ")
         return f"{kind}{m.namespace}/{m.name} is {m.phase or 'queued'}{waiting}"
