@@ -59,7 +59,7 @@ clean:
 # The simulator's comparison of upstream / profile / node-limit-1 / guard modes on the built-in scenarios,
 # 5 seeds each, on 2 worker processes; writes sim-out/SCENARIO/{summary.json,*.png} and the section in docs/simulator.md.
 SCENARIOS = $(addprefix examples/scenarios/,reference-stress.yaml pilot.yaml failing-migrations.yaml drains.yaml \
-            mixed-sizes.yaml hourly.yaml)
+            mixed-sizes.yaml hourly.yaml fleet.yaml tight.yaml)
 SIM_STAMP = $(VENV)/.sim-installed-stamp
 SIM_SEEDS ?= 1-5
 

@@ -194,9 +194,10 @@ def _serve_parser(sub) -> None:
                     help="log decisions only: no Events, no annotation, no migration history")
     fx.add_argument("--no-history-annotation", action="store_true",
                     help="do not keep the VMIs' migration history annotation (cooldown counts only what KubeVirt keeps)")
-    fx.add_argument("--cancel-stuck-evacuations", action="store_true",
-                    help="cancel stuck descheduler-caused evacuations through KubeVirt's evacuate/cancel (v1.8+); "
-                         "never a drain's (off by default)")
+    fx.add_argument("--cancel-stuck-evacuations", action=argparse.BooleanOptionalAction, default=True,
+                    help="cancel stuck descheduler-caused evacuations through KubeVirt's evacuate/cancel, never a "
+                         "drain's; on by default, it runs once KubeVirt serves evacuate/cancel (v1.8+) and RBAC lets "
+                         "the guard call it (evacuation_canceller_info says why not)")
     fx.add_argument("--cancel-interval", metavar="GO_DURATION", default="30s",
                     help="how often the canceller looks for stuck evacuations (default 30s)")
     live = serve.add_argument_group("cluster state")

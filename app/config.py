@@ -26,7 +26,7 @@ DURATIONS = {
     "maxNodeCooldown": "max_node_cooldown",
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
-BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction",
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction", "refuseNotMigratable": "refuse_not_migratable",
          "targetNodeCooldownChurnOnly": "target_node_cooldown_churn_only"}
 OTHERS = {"cooldownScope": "cooldown_scope", "deschedulerUsers": "descheduler_users",
           "pendingEvacuationsPerNode": "pending_evacuations_per_node",

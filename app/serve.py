@@ -19,6 +19,7 @@ from app.cluster.informer import ClusterWatch
 from app.config import SettingsError, by_name, load_config_file
 from app.domain.view import ClusterView
 from app.effects import Effects, KubeEffectsApi, LogOnlyApi
+from app.effects.cancel import DISABLED, SNAPSHOT
 from app.logs import batch_writes
 from app.metrics import Metrics
 from app.startup import UsageError, clock, load_store, policy_settings, prometheus_durations, prometheus_source
@@ -117,9 +118,13 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
         if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
             effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
-        if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", False):
-            effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: cluster.health().ready,
+        ready = cluster.health
+        if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", True):
+            effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: ready().ready,
                                              interval=cancel_interval(args))
+        else:
+            metrics.set_canceller(DISABLED)
+        effects.watch_held_nodes(cluster.store, settings, ready=lambda: ready().ready)
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
@@ -129,6 +134,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         raise UsageError("serve: give --snapshot FILE, or a cluster to watch (--kubeconfig FILE, or run in a pod)")
     store = load_store(args)
     metrics = Metrics()
+    metrics.set_canceller(SNAPSHOT)  # no API server to cancel through
     effects = build_effects(args, store, metrics, api_client=None)  # snapshot: no API server, log what it would write
     return GuardContext(
         view=store, settings=settings, clock=clock(args), metrics=metrics, on_decision=effects.on_decision,
@@ -343,7 +349,13 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limit
     if not args.snapshot and args.descheduler_check:
         from app.cluster.descheduler import DeschedulerCheck
         from app.cluster.kube import api_client
+        from app.domain.kinds import KUBEVIRT
 
         api = api_client(args.kubeconfig, getattr(args, "kube_context", None))
-        parts.append(DeschedulerCheck(api, registry, namespace=args.descheduler_namespace).start())
+        view = ctx.view
+        check = DeschedulerCheck(api, registry, namespace=args.descheduler_namespace,
+                                 kubevirt=getattr(view, "kubevirt", lambda: None))
+        if hasattr(view, "add_listener"):  # the KubeVirt CR changed: the mismatch label may have
+            view.add_listener(lambda kind, old, new: check.refresh() if kind == KUBEVIRT else None)
+        parts.append(check.start())
     return parts

@@ -236,6 +236,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     policy = {"migrationCooldown": "10m", "maxMigrationCooldown": "0", "migrationHistoryWindow": "24h",
               "cooldownScope": "all", "deschedulerUsers": ["system:serviceaccount:kube-system:descheduler"],
               "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m", "honorPreferNoEviction": False,
+              "refuseNotMigratable": False,
               "evacuationStaleAfterFailures": 5,
               "nodeCooldown": "5m", "targetNodeCooldown": "30m", "nodeCooldownWindow": "0s", "maxNodeCooldown": "2h",
               "targetNodeCooldownChurnOnly": True}
@@ -246,7 +247,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     assert settings.migration_history_window == 86400 and settings.cooldown_scope == "all"
     assert settings.descheduler_users == frozenset(policy["deschedulerUsers"])
     assert settings.pending_evacuations_per_node == 2 and settings.evacuation_stale_after == 5400
-    assert settings.honor_prefer_no_eviction is False
+    assert settings.honor_prefer_no_eviction is False and settings.refuse_not_migratable is False
     assert settings.evacuation_stale_after_failures == 5
     assert (settings.node_cooldown, settings.target_node_cooldown, settings.node_cooldown_window,
             settings.max_node_cooldown, settings.target_node_cooldown_churn_only) == (300, 1800, 0, 7200, True)
@@ -280,20 +281,23 @@ def grants(role: dict) -> set[tuple[str, str, str]]:
 
 LEAST_PRIVILEGE = (
     {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
-                            ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
+                            ("kubevirt.io", "kubevirts"), ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
     | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch")}
     | {("", "events", v) for v in ("create", "patch")}
 )
 HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
 DESCHEDULER_ROLE = {"deschedulerCheck": {"createRole": "always"}}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
-CANCEL = {("subresources.kubevirt.io", "virtualmachineinstances/evacuate", "update")}
+# kube-apiserver authorizes .../evacuate/cancel as subresource "evacuate", virt-api as "evacuate/cancel"
+CANCEL = {("subresources.kubevirt.io", "virtualmachineinstances/evacuate", "update"),
+          ("subresources.kubevirt.io", "virtualmachineinstances/evacuate/cancel", "update")}
 
 
 def test_rbac_grants_exactly_the_listed_verbs():
     docs = render()
     role = one(docs, "ClusterRole")
-    assert grants(role) == LEAST_PRIVILEGE  # no events.k8s.io; kubedeschedulers only in the operator's namespace
+    # the canceller's rules are there by default; no events.k8s.io; kubedeschedulers only in the operator's namespace
+    assert grants(role) == LEAST_PRIVILEGE | CANCEL
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
     assert [d for d in docs if d["kind"] in ("Role", "RoleBinding")] == []  # no cluster here: lookup finds no namespace
     checked = render(DESCHEDULER_ROLE)
@@ -307,13 +311,13 @@ def test_rbac_grants_exactly_the_listed_verbs():
     assert [d for d in render(merge(DESCHEDULER_ROLE, {"deschedulerCheck": {"enabled": False}}))
             if d["kind"] == "Role"] == []
     no_history = render({"historyAnnotation": {"enabled": False}})
-    assert grants(one(no_history, "ClusterRole")) == LEAST_PRIVILEGE - HISTORY_WRITE
+    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | CANCEL
     assert "--no-history-annotation" in container(no_history)["args"]
     assert "--no-history-annotation" not in container(docs)["args"]
-    cancelling = render({"cancelStuckEvacuations": {"enabled": True}})
-    assert grants(one(cancelling, "ClusterRole")) == LEAST_PRIVILEGE | CANCEL
-    assert "--cancel-stuck-evacuations" in container(cancelling)["args"]
-    assert "--cancel-stuck-evacuations" not in container(docs)["args"]  # off by default
+    not_cancelling = render({"cancelStuckEvacuations": {"enabled": False}})
+    assert grants(one(not_cancelling, "ClusterRole")) == LEAST_PRIVILEGE
+    assert "--no-cancel-stuck-evacuations" in container(not_cancelling)["args"]
+    assert not any("cancel-stuck" in a for a in container(docs)["args"])  # on by default: the guard probes
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")
@@ -582,6 +586,7 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         "KubevirtEvictionGuardNotReady", "KubevirtEvictionGuardWatchRestartsClimbing",
         "KubevirtEvictionGuardDeschedulerMisconfigured", "KubevirtEvictionGuardCertificateExpiring",
         "KubevirtEvictionGuardDown", "KubevirtEvictionGuardFailingOpen",
+        "KubevirtEvictionGuardNodeHeld", "KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt",
     }
     # the API server's count of calls it could not make and let through (tests/test_chart_refusals.py)
     failing_open = alerts.pop("KubevirtEvictionGuardFailingOpen")
@@ -600,6 +605,10 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
     assert "openshift-kube-descheduler-operator" in fix
     assert 'le="14400.0"' in alerts["KubevirtEvictionGuardCooldownPinnedAtMaximum"]["expr"]  # Python's le spelling
     assert "by (node)" in alerts["KubevirtEvictionGuardNodeBlockingSustained"]["expr"]
+    assert "kubevirt_eviction_guard_held_nodes" in alerts["KubevirtEvictionGuardNodeHeld"]["expr"]
+    held = alerts["KubevirtEvictionGuardNodeHeld"]["annotations"]["description"]
+    assert "virtctl evacuate-cancel" in held and "reason=NodeHeld" in held  # names the fix and where to look
+    assert 'node_limit_above_kubevirt="true"' in alerts["KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt"]["expr"]
 
 
 def test_alerts_can_be_switched_off_one_by_one():

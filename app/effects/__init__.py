@@ -26,6 +26,7 @@ from app.effects.annotate import AnnotateJob, wanted
 from app.effects.cancel import StuckCanceller
 from app.effects.decision_log import log_decision
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
+from app.effects.held import HeldNodeWatch
 from app.effects.history import HistoryRecorder, HistoryView
 from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
 from app.effects.queue import EffectQueue
@@ -62,23 +63,34 @@ class Effects:
         self.clock = clock
         self.history: HistoryRecorder | None = None
         self.canceller: StuckCanceller | None = None
+        self.held: HeldNodeWatch | None = None
         self.metrics = metrics
 
     def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
                        interval: float | None = None) -> HistoryRecorder:
         """Keep the VMIs' history annotation (live mode): ``store`` must offer ``add_listener``."""
         kw = {"interval": interval} if interval is not None else {}
-        self.history = HistoryRecorder(store, self.api, self.queue, settings, clock=self.clock, ready=ready, **kw)
+        self.history = HistoryRecorder(store, self.api, self.queue, settings, clock=self.clock, ready=ready,
+                                       passes=self.metrics.background_passes.labels("history_reconcile"), **kw)
         store.add_listener(self.history.on_change)  # type: ignore[attr-defined]
         return self.history
 
     def cancel_stuck_evacuations(self, store, settings: PolicySettings, ready: Callable[[], bool],
-                                 interval: float | None = None) -> StuckCanceller:
-        """Cancel stuck descheduler evacuations (``--cancel-stuck-evacuations``, live mode)."""
+                                 interval: float | None = None, probed: bool = True) -> StuckCanceller:
+        """Cancel stuck descheduler evacuations (``--cancel-stuck-evacuations``, live mode), once the API
+        server says KubeVirt serves evacuate/cancel and the guard may call it (``probed``)."""
         kw = {"interval": interval} if interval is not None else {}
         self.canceller = StuckCanceller(store, self.api, self.queue, self.metrics, settings, clock=self.clock,
-                                        ready=ready, **kw)
+                                        ready=ready, probed=probed, **kw)
         return self.canceller
+
+    def watch_held_nodes(self, store, settings: PolicySettings, ready: Callable[[], bool],
+                         interval: float | None = None) -> HeldNodeWatch:
+        """Make nodes held longer than ``evacuationStaleAfter`` visible (gauge, Events); count unmovable VMs."""
+        kw = {"interval": interval} if interval is not None else {}
+        self.held = HeldNodeWatch(store, self.api, self.queue, self.metrics, settings, clock=self.clock,
+                                  ready=ready, **kw)
+        return self.held
 
     def start(self) -> Effects:
         self.queue.start()
@@ -86,9 +98,13 @@ class Effects:
             self.history.start()
         if self.canceller is not None:
             self.canceller.start()
+        if self.held is not None:
+            self.held.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.held is not None:
+            self.held.stop(timeout)
         if self.canceller is not None:
             self.canceller.stop(timeout)
         if self.history is not None:

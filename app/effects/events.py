@@ -302,3 +302,24 @@ class ConfirmJob:
         if not self.recorder.queue.submit(self, CONFIRM_DELAYS[self.attempt]):
             self.recorder._confirmed(self, False)  # cannot happen: the key is ours alone
         return "waiting"
+
+
+def vmi_event(namespace: str, name: str, uid: str, reason: str, message: str, now: float, instance: str,
+              kind: str = "Warning") -> dict[str, Any]:
+    """A one-off core/v1 Event on a VMI (the canceller's and the held-node watch's; no series)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                           "namespace": namespace, "name": name, "uid": uid},
+        "reason": reason,
+        "message": message,
+        "type": kind,
+        "count": 1,
+        "firstTimestamp": format_timestamp(now),
+        "lastTimestamp": format_timestamp(now),
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
+    }

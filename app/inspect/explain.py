@@ -8,14 +8,19 @@ from typing import Any, TextIO
 
 from app.cluster.store import ClusterStore
 from app.domain.usage import UsageSnapshot
+from app.inspect.cluster import kubevirt_fields
 from app.inspect.fields import decision_fields, duration_text, emit, seconds, timestamp
 from app.inspect.vm import cooldown_fields, long_notes, per_vm, vm_cooldown
 from app.policy import decide
 from app.policy.cooldown import finished_migrations, relevant_migrations
 from app.policy.decide import (
+    blocked_text,
+    blocking_migration,
     describe_in_flight,
-    is_leaving,
-    leaving_age,
+    fix_for,
+    held_node,
+    leavers,
+    not_migratable,
     source_cooldown,
     steering_ranking,
     stuck_evacuation,
@@ -77,32 +82,44 @@ def explanation(req: EvictionRequest, store: ClusterStore, now: float, settings:
     node = store.node(pod.node)
     model["pod"] = {"node": pod.node or None, "phase": pod.phase or None, "launcher": pod.is_launcher,
                     "vmi": pod.vmi_name or None, "evictionInProgress": pod.eviction_in_progress,
-                    "preferNoEviction": pod.prefer_no_eviction}
+                    "preferNoEviction": pod.prefer_no_eviction, "pinnedTo": pod.pinned_to or None}
+    model["kubevirt"] = kubevirt_fields(store)
     model["node"] = {"name": pod.node or None, "known": node is not None,
                      "draining": (node.drain or None) if node else None}
     vmi = store.vmi(pod.namespace, pod.vmi_name)
     if vmi is None:
         return model
     migs = relevant_migrations(vmi, store.migrations(vmi.namespace, vmi.name))
+    blocked = blocking_migration(migs)
     evacuation = None
     if vmi.evacuation_node:
         stuck = stuck_evacuation(vmi, migs, store.node(vmi.evacuation_node), now, settings)
         evacuation = {"from": vmi.evacuation_node, "source": vmi.eviction_source or None,
                       "stuck": stuck is not None, "why": stuck.why if stuck else None,
+                      "waiting": blocked_text(blocked) if blocked is not None else None,
                       "staleAfterFailures": settings.evacuation_stale_after_failures,
                       "staleAfter": seconds(settings.evacuation_stale_after)}
     model["vmi"] = {"namespace": vmi.namespace, "name": vmi.name, "node": vmi.node or None,
                     "evacuationNodeName": vmi.evacuation_node or None,
                     "inFlight": describe_in_flight(vmi, migs, now) or None, "evacuation": evacuation,
+                    "liveMigratable": vmi.migratable or None, "liveMigratableReason": vmi.migratable_reason or None,
+                    "evictionStrategy": vmi.eviction_strategy or None,
+                    "notMigratable": not_migratable(vmi, store.kubevirt()),
+                    "blocked": ({"migration": blocked.name, "condition": blocked.blocked,
+                                 "reason": blocked.blocked_reason or None} if blocked is not None else None),
                     "perVm": per_vm(vmi, pod, settings)}
     finished = sorted(finished_migrations(vmi, migs), key=lambda f: f.end)
     model["finishedMigrations"] = [
         {"uid": f.uid or None, "start": timestamp(f.start), "end": timestamp(f.end), "ago": seconds(now - f.end),
          "duration": seconds(f.end - f.start) if f.start is not None else None} for f in finished]
     model["cooldown"] = cooldown_fields(vm_cooldown(store, vmi, now, settings), settings)
-    model["leaving"] = {"node": pod.node or None, "vmis": leaving_others(store, vmi, pod.node, now),
+    held = held_node(node, store, now, settings) if node is not None else None
+    model["leaving"] = {"node": pod.node or None, "vmis": leaving_others(store, vmi, pod.node, now, settings),
                         "budget": settings.pending_evacuations_per_node,
-                        "staleAfter": seconds(settings.evacuation_stale_after)}
+                        "staleAfter": seconds(settings.evacuation_stale_after),
+                        # the node held by leavers for longer than staleAfter: shown, with the fix
+                        "heldFor": seconds(held.held_for) if held is not None else None,
+                        "fix": [f"{x.ref}: {fix_for(x)}" for x in held.holders] if held is not None else []}
     model["nodeCooldown"] = node_rest_fields(source_cooldown(pod.node, store, now, settings), settings.node_cooldown)
     model["targetNodeCooldown"] = node_rest_fields(target_cooldown(pod.node, store, now, settings),
                                                    settings.target_node_cooldown)
@@ -110,16 +127,10 @@ def explanation(req: EvictionRequest, store: ClusterStore, now: float, settings:
     return model
 
 
-def leaving_others(store: ClusterStore, vmi, node: str, now: float) -> list[dict[str, Any]]:
-    out = []
-    for other in store.leaving_candidates(node):
-        if other.key == vmi.key:
-            continue
-        om = relevant_migrations(other, store.migrations(other.namespace, other.name))
-        if is_leaving(other, om, node):
-            out.append({"namespace": other.namespace, "name": other.name,
-                        "leavingFor": seconds(leaving_age(other, om, node, now))})
-    return out
+def leaving_others(store: ClusterStore, vmi, node: str, now: float, settings: PolicySettings) -> list[dict[str, Any]]:
+    """The other VMs rule 8 counts on the node, oldest departure first, with their state (stuck, waiting)."""
+    return [{"namespace": x.namespace, "name": x.name, "leavingFor": seconds(x.age), "state": x.state or None}
+            for x in leavers(node, store, now, settings) if (x.namespace, x.name) != vmi.key]
 
 
 def node_rest_fields(rest: NodeCooldown | None, floor: float) -> dict[str, Any]:
@@ -171,16 +182,28 @@ def explanation_text(m: dict[str, Any]) -> str:
         return "\n".join(lines) + "\n"
     lines += ["", (f"pod:      node={pod['node'] or '-'} phase={pod['phase'] or '-'} launcher={pod['launcher']} "
                    f"vmi={pod['vmi'] or '-'} eviction-in-progress={pod['evictionInProgress']}"
-                   f" prefer-no-eviction={pod['preferNoEviction']}"),
+                   f" prefer-no-eviction={pod['preferNoEviction']} pinned={pod['pinnedTo'] or 'no'}"),
               f"node:     {node['name'] or '-'} draining={(node['draining'] or 'no') if node['known'] else 'unknown'}"]
     if vmi is None:
         return "\n".join(lines) + "\n"
     lines.append(f"vmi:      node={vmi['node'] or '-'} evacuationNodeName={vmi['evacuationNodeName'] or '-'}"
                  f" in-flight={vmi['inFlight'] or 'none'}")
+    kv = m["kubevirt"]
+    strategy = vmi["evictionStrategy"] or (f"{kv['evictionStrategy']} (cluster default)" if kv["object"] else "unset")
+    lines.append(f"migrate:  LiveMigratable={vmi['liveMigratable'] or 'unknown'}"
+                 + (f" ({vmi['liveMigratableReason']})" if vmi["liveMigratableReason"] else "")
+                 + f" evictionStrategy={strategy}"
+                 + (f"; NOT MIGRATABLE ({vmi['notMigratable']}): a descheduler eviction would shut it down"
+                    if vmi["notMigratable"] else ""))
+    if kv["object"] is not None:
+        lines.append(f"kubevirt: {kv['object']} parallelOutboundMigrationsPerNode={kv['parallelOutboundMigrationsPerNode']}"
+                     f" parallelMigrationsPerCluster={kv['parallelMigrationsPerCluster']}"
+                     f" evictionStrategy={kv['evictionStrategy']}")
     ev = vmi["evacuation"]
     if ev is not None:
         lines.append(f"evacuation: from {ev['from']} source={ev['source'] or '-'} "
-                     + (f"STUCK ({ev['why']})" if ev["stuck"] else "not stuck")
+                     + (f"WAITING ({ev['waiting']}: blocked is not stuck, never cancelled)" if ev["waiting"]
+                        else f"STUCK ({ev['why']})" if ev["stuck"] else "not stuck")
                      + f" (stuck after {ev['staleAfterFailures'] or 'no count of'} failed attempts"
                      f" or {format_duration(ev['staleAfter'])}; descheduler-caused, node not drained)")
     lines.append(f"per-VM:   {long_notes(vmi['perVm'])}")
@@ -199,10 +222,13 @@ def explanation_text(m: dict[str, Any]) -> str:
             f" cap {format_duration(c['cap']) if c['cap'] else 'none'}{cap_note}"
             f" -> {format_duration(c['cooldown'])}, remaining {format_duration(c['remaining'])}")
     lv = m["leaving"]
-    names = [f"{o['namespace']}/{o['name']} (leaving for {duration_text(o['leavingFor'], 'unknown')})"
-             for o in lv["vmis"]]
+    names = [f"{o['namespace']}/{o['name']} (leaving for {duration_text(o['leavingFor'], 'unknown')}"
+             + (f", {o['state']}" if o["state"] else "") + ")" for o in lv["vmis"]]
     lines.append(f"leaving {lv['node'] or '-'}: {', '.join(names) if names else 'none'}"
-                 f" (budget {lv['budget']}, stale after {format_duration(lv['staleAfter'])})")
+                 f" (budget {lv['budget']}; each counts until its departure ends)")
+    if lv["heldFor"] is not None:
+        lines.append(f"held:     node {lv['node']} held for {format_duration(lv['heldFor'])}, longer than "
+                     f"evacuationStaleAfter {format_duration(lv['staleAfter'])}; fix: {'; '.join(lv['fix'])}")
     lines.append(f"node cooldown (8b):        {node_rest_text(m['nodeCooldown'])}")
     lines.append(f"target-node cooldown (8c): {node_rest_text(m['targetNodeCooldown'])}")
     if m["steering"] is not None:

@@ -56,6 +56,7 @@ STATES = {
     Reason.EVACUATION_PENDING: "evacuation-pending",
     Reason.EVACUATION_STUCK: "evacuation-stuck",
     Reason.PREFER_NO_EVICTION: "prefer-no-eviction",
+    Reason.NOT_MIGRATABLE: "not-migratable",
     Reason.NODE_BUSY: "node-busy",
     Reason.NODE_COOLDOWN: "node-cooldown",
     Reason.TARGET_NODE_COOLDOWN: "target-node-cooldown",

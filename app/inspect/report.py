@@ -10,11 +10,12 @@ from typing import Any, TextIO
 from app.cluster.migrations import cause_of
 from app.cluster.store import ClusterStore
 from app.domain.records import FINAL_PHASES, LauncherPod, VMIRecord
+from app.inspect.cluster import cluster_warnings, descheduler_fields, kubevirt_fields
 from app.inspect.explain import node_rest_fields, requester_request
 from app.inspect.fields import NO_POD_STATE, decision_fields, duration_text, emit, seconds, state_of, table, timestamp
 from app.inspect.vm import launcher_pods, per_vm, short_notes, vm_cooldown
 from app.policy import decide
-from app.policy.decide import source_cooldown, target_cooldown
+from app.policy.decide import not_migratable, source_cooldown, target_cooldown
 from app.policy.model import PolicySettings, Reason
 from app.startup import clock, load_store, policy_settings
 from app.timefmt import format_duration
@@ -37,7 +38,9 @@ def report_model(store: ClusterStore, now: float, settings: PolicySettings) -> d
     rows = [vmi_row(store, v, pods.get(v.key), now, settings) for v in vmis]
     model: dict[str, Any] = {
         "cluster": {"now": timestamp(now), "vmis": len(rows), "nodes": len(store.nodes()),
-                    "migrationHistoryWindow": seconds(settings.migration_history_window)},
+                    "migrationHistoryWindow": seconds(settings.migration_history_window),
+                    "pendingEvacuationsPerNode": settings.pending_evacuations_per_node,
+                    "kubevirt": kubevirt_fields(store), "descheduler": descheduler_fields(store)},
         "warnings": [],
         "vmis": rows,
         "nodeCooldowns": node_cooldowns(store, now, settings),
@@ -48,6 +51,8 @@ def report_model(store: ClusterStore, now: float, settings: PolicySettings) -> d
         model["warnings"].append(warning(
             "no_launcher_pod", f"{len(podless)} VMI(s) without a running launcher pod in the cluster state "
             f"({', '.join(podless[:MAX_NAMED])}{', ...' if len(podless) > MAX_NAMED else ''}): nothing to evict"))
+    pinned = [f"{r['namespace']}/{r['name']}" for r in rows if r["pinned"]]
+    model["warnings"] += cluster_warnings(store, now, settings, pinned)
     return model
 
 
@@ -66,13 +71,23 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
     else:
         d = decide(requester_request(pod.namespace, pod.name, "descheduler"), store, now, settings)
         row.update(state=state_of(d), **decision_fields(d))
+    unmovable = not_migratable(vmi, store.kubevirt())
+    notes = short_notes(per_vm(vmi, pod, settings))
+    if pod is not None and pod.pinned_to:
+        notes.append(f"pinned={pod.pinned_to}")
+    if unmovable is not None:
+        notes.append("not-migratable")
     row.update(
         migrations=st.count if st else 0,
         lastEnd=timestamp(st.last_end) if st else None,
         cooldown=seconds(st.cooldown) if st else None,
         # the VM's own cooldown (rule 9), left: None when none is running
         remaining=seconds(st.remaining) if st and st.active else None,
-        notes=short_notes(per_vm(vmi, pod, settings)),
+        # the one node its launcher pod may run on (the descheduler skips it); None when not pinned
+        pinned=(pod.pinned_to or None) if pod else None,
+        # why a descheduler eviction would shut it down instead of moving it (rule 7n); None when it would move
+        notMigratable=unmovable,
+        notes=notes,
     )
     return row
 
@@ -134,10 +149,27 @@ def report_text(m: dict[str, Any]) -> str:
     c = m["cluster"]
     text = table(VMI_HEADER, rows)
     text += "".join(f"warning: {w['message']}\n" for w in m["warnings"])
+    text += cluster_text(c)
     text += (f"\n{c['vmis']} VMIs as of {c['now']}; STATE and REASON: the guard's decision for a descheduler "
              f"eviction of the VM's launcher pod (the reasoning: explain -n NAMESPACE --pod POD); migrations "
              f"counted in the last {format_duration(c['migrationHistoryWindow'])}\n")
     return text + node_cooldowns_text(m["nodeCooldowns"]) + history_text(m["migrations"])
+
+
+def cluster_text(c: dict[str, Any]) -> str:
+    kv, ds = c["kubevirt"], c["descheduler"]
+    kubevirt = ("KubeVirt CR unknown (not in the cluster state)" if kv["object"] is None else
+                f"KubeVirt {kv['object']}: parallelOutboundMigrationsPerNode {kv['parallelOutboundMigrationsPerNode']}, "
+                f"parallelMigrationsPerCluster {kv['parallelMigrationsPerCluster']}, evictionStrategy "
+                f"{kv['evictionStrategy']}" + (f" (KubeVirt's defaults: {', '.join(kv['defaulted'])})"
+                                               if kv["defaulted"] else ""))
+    if ds["object"] is None:
+        descheduler = "KubeDescheduler unknown"
+    else:
+        limit = "no per-node limit" if ds["evictionLimitNode"] is None else (
+            f"node limit {ds['evictionLimitNode']} ({ds['evictionLimitNodeFrom']})")
+        descheduler = f"KubeDescheduler {ds['object']}: {limit}, background evictions {ds['backgroundEvictions']}"
+    return f"\n{kubevirt}\n{descheduler}\nguard: pendingEvacuationsPerNode {c['pendingEvacuationsPerNode']}\n"
 
 
 def node_cooldowns_text(nc: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ import os
 
 from app.sim.report import BEGIN, END
 
-MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")  # the default comparison
+MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard", "upstream+guard-nocancel")  # the default comparison
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -43,9 +43,13 @@ SIMPLIFICATIONS = (
     "max-pod-eviction-time is not modelled); drained nodes leave the spread.",
     "The plugin model: filter and pre-eviction filter are one check; its history is fed by every migration that "
     "reached migrationState (an attempt whose target never scheduled is not counted).",
-    "Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
-    "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
-    "cycle counts one interval.",
+    ("Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
+     "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
+     "cycle counts one interval. Per node: an overutilised node (not being drained) from which a cycle started no "
+     "eviction while a descheduler-caused evacuation of it had failed at least once; one interval per such cycle."),
+    ("Leaving a node: marked for evacuation from it by a descheduler eviction, or with an unfinished "
+     "descheduler-caused VMIM (one queued or running after its mark was cancelled still moves the VM); counted "
+     "at every instant the node is not being drained."),
     "Time is whole seconds; object timestamps are truncated to the second, as the API server writes them.",
 )
 
@@ -60,9 +64,11 @@ ROWS = (
     ("spread: std of node score (points)", "spread_score", "{:.2f}"),
     ("spread: std of node CPU (pp)", "spread_cpu", "{:.2f}"),
     ("drain completion (s)", "drain_seconds", "{:.0f}"),
-    ("most VMs leaving one node at once (not drained)", "max_leaving_per_node", "{:.1f}"),
+    ("most VMs leaving one node at once (descheduler-caused, not drained)", "max_leaving_per_node", "{:.1f}"),
     ("descheduler stalled by failing in-flight entries (s)", "stall_seconds", "{:.0f}"),
     ("... longest behind one failing VM (s)", "stall_max_one_vm_seconds", "{:.0f}"),
+    ("hot node held by a failing evacuation: worst node (s)", "stall_node_max_seconds", "{:.0f}"),
+    ("... summed over nodes (s)", "stall_node_seconds", "{:.0f}"),
     ("failed migrations", "failed_migrations", "{:.0f}"),
     ("evictions sent: allowed", "evictions.allowed", "{:.0f}"),
     ("evictions sent: background", "evictions.background", "{:.0f}"),
@@ -73,7 +79,7 @@ ROWS = (
 )
 LISTED = tuple(k for _, k, _ in ROWS if "." not in k) + ("blocked_by_in_flight_seconds", "in_flight_counted_without_request",
                                                           "vms_migrated", "policy_calls",
-                                                          "longest_stall_seconds")
+                                                          "longest_stall_seconds", "stall_nodes")
 
 
 def summary_json(scenario, seeds: list[int], modes: list[str], runs: dict, hours: float | None) -> dict:
@@ -331,8 +337,10 @@ def readme_section(summaries: list[dict], command: str) -> str:
         "`upstream` (upstream descheduler, background evictions, limits 2/5, no KubeVirt plugin),",
         "`profile` (upstream plus the KubevirtMigrationAware plugin: OpenShift's KubeVirtRelieveAndMigrate as",
         "shipped), `node-limit-1` (upstream with `evictionLimits.node: 1`), and the guard (this project's policy",
-        "code, default settings) in front of `upstream` and of `profile`. Cells are the mean over seeds, with",
-        "min–max in brackets. Spread is time-weighted (sampled every minute) over schedulable nodes.",
+        "code, default settings, its canceller on as where KubeVirt serves `evacuate/cancel`) in front of `upstream`",
+        "and of `profile`, and in front of `upstream` without its canceller (`upstream+guard-nocancel`: KubeVirt < 1.8",
+        "or no RBAC rule). Cells are the mean over seeds, with min–max in brackets. Spread is time-weighted (sampled",
+        "every minute) over schedulable nodes.",
         "",
     ]
     for s in summaries:

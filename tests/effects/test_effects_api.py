@@ -219,7 +219,7 @@ def test_denials_become_one_aggregated_warning_event_per_vmi_and_reason(api, kub
         assert wait_for(lambda: len(api.events()) == 2)
         assert vmi_events(api, "cool")[0]["count"] == 1  # the rest are held back by the rate limit...
         assert wait_for(lambda: vmi_events(api, "cool")[0]["count"] == 4, timeout=5)  # ...and written as one patch
-        time.sleep(1.2)
+        assert fx.queue.wait_idle(5)  # nothing left, not even a flush scheduled for later
         assert len(api.events()) == 2 and vmi_events(api, "cool")[0]["count"] == 4  # no further writes
     finally:
         fx.stop()
@@ -257,7 +257,7 @@ def test_allowed_descheduler_evictions_become_one_aggregated_normal_event(api, k
         fx.on_decision(*allowed)
         fx.on_decision(*by_admin)
         assert wait_for(lambda: vmi_events(api, "quiet")[0]["count"] == 3, timeout=5), vmi_events(api, "quiet")
-        time.sleep(1.2)
+        assert fx.queue.wait_idle(5)  # nothing left, not even a flush scheduled for later
     finally:
         fx.stop()
     [quiet] = vmi_events(api, "quiet")
