@@ -21,7 +21,7 @@ certs: certs/tls.crt
 
 certs/tls.crt: | $(STAMP)
 	@mkdir -p certs
-	$(PY) -m app --log-level warning certs --service kubevirt-eviction-guard \
+	$(PY) -m app certs --force --service kubevirt-eviction-guard \
 	  --namespace kubevirt-eviction-guard --out certs > certs/cabundle.b64
 
 run: $(STAMP) certs/tls.crt
@@ -47,9 +47,11 @@ fuzz: $(STAMP)
 	$(PY) fuzz/fuzz_targets.py admission -max_total_time=60 build/fuzz/admission
 	$(PY) fuzz/fuzz_targets.py snapshot -max_total_time=60 -max_len=65536 build/fuzz/snapshot
 
-# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes)
+# list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes); writes the
+# numbers into docs/performance.md (between its watch markers)
 bench-watch: $(STAMP)
 	$(PY) bench/watch_bench.py
+	$(PY) -m bench.doc --watch bench/results/watch.json --doc docs/performance.md
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
@@ -57,7 +59,7 @@ clean:
 # The simulator's comparison of upstream / profile / node-limit-1 / guard modes on the built-in scenarios,
 # 5 seeds each, on 2 worker processes; writes sim-out/SCENARIO/{summary.json,*.png} and the section in docs/simulator.md.
 SCENARIOS = $(addprefix examples/scenarios/,reference-stress.yaml pilot.yaml failing-migrations.yaml drains.yaml \
-            mixed-sizes.yaml hourly.yaml)
+            mixed-sizes.yaml hourly.yaml fleet.yaml tight.yaml)
 SIM_STAMP = $(VENV)/.sim-installed-stamp
 SIM_SEEDS ?= 1-5
 
@@ -66,20 +68,31 @@ $(SIM_STAMP): $(STAMP)
 	@touch $(SIM_STAMP)
 
 simulate: $(SIM_STAMP)
-	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out \
+	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out --force \
 	  --readme docs/simulator.md
 
-# Pins for the container image: the working virtualenv, frozen (the Dockerfile installs with --constraint).
+# Pins with hashes for the container image (the Dockerfile installs with --require-hashes): the runtime
+# dependencies in constraints.txt, the build backend in build-constraints.txt, both at the versions of the working
+# virtualenv (what `make test` tested), resolved and hashed by pip-tools from PyPI.
+PIPTOOLS = $(PY) -m piptools compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+	--no-emit-find-links --constraint build/venv-freeze.txt
 constraints: $(STAMP)
-	@{ echo "# Pinned versions for the container image (Dockerfile: pip install --constraint constraints.txt)."; \
-	  echo "# Regenerate with 'make constraints' after 'make setup' (pip freeze of the working virtualenv)."; \
-	  $(PY) -m pip freeze --exclude-editable --disable-pip-version-check; } > constraints.txt
+	$(PY) -m pip install -q --disable-pip-version-check 'pip-tools>=7.4,<8'
+	@mkdir -p build
+	$(PY) -m pip freeze --exclude-editable --disable-pip-version-check > build/venv-freeze.txt
+	$(PIPTOOLS) --output-file constraints.txt pyproject.toml
+	$(PIPTOOLS) --only-build-deps --all-build-deps --output-file build-constraints.txt pyproject.toml
 
-# The reliability tests (API faults, replicas, forged reviews; all part of `make test`) with their figures
-# printed; also written to build/reliability/*.json.
+# The reliability tests (API faults, replicas, forged reviews, hostile clients; all part of `make test`) with their
+# figures printed; also written to build/reliability/*.json and into docs/reliability.md (between its markers).
+# Then the hostile-client attacks (bench/attacks.py) against this tree and against RELIABILITY_BEFORE (the last
+# commit without the bounds on clients, checked out in a temporary worktree), also written into docs/reliability.md.
+RELIABILITY_BEFORE ?= 6589bde3d557bd8f48f52528d13ee854c85b96ed
 reliability: $(STAMP)
 	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
-	  tests/effects/test_forged_reviews.py
+	  tests/effects/test_forged_reviews.py tests/test_hostile_clients.py
+	$(PY) -m bench.doc --reliability build/reliability --doc docs/reliability.md
+	$(PY) -m bench.attacks --before $(RELIABILITY_BEFORE) --out build/reliability/attacks.json --doc docs/reliability.md
 
 # Performance: the guard next to a plain FastAPI route served by plain uvicorn (bench/plain.py, bench/run.py).
 # wrk (Debian) drives the saturation runs when it can be installed; else the Python generator does.

@@ -26,10 +26,37 @@ DURATIONS = {
     "maxNodeCooldown": "max_node_cooldown",
 }
 POINTS = {"steeringMinGain": "steering_min_gain", "steeringMargin": "steering_margin"}  # score points, 0..100
-BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction",
+BOOLS = {"honorPreferNoEviction": "honor_prefer_no_eviction", "refuseNotMigratable": "refuse_not_migratable",
          "targetNodeCooldownChurnOnly": "target_node_cooldown_churn_only"}
+OTHERS = {"cooldownScope": "cooldown_scope", "deschedulerUsers": "descheduler_users",
+          "pendingEvacuationsPerNode": "pending_evacuations_per_node",
+          "evacuationStaleAfterFailures": "evacuation_stale_after_failures"}
+ATTRS = {**DURATIONS, **BOOLS, **POINTS, **OTHERS}  # setting name -> PolicySettings attribute
 SETTING_NAMES = (*DURATIONS, "cooldownScope", "deschedulerUsers", "pendingEvacuationsPerNode", *BOOLS, *POINTS,
                  "evacuationStaleAfterFailures")
+# one line per setting: --help, and the chart's values.yaml says the same
+SETTING_HELP = {
+    "migrationCooldown": "floor of a VM's cooldown after any finished migration",
+    "maxMigrationCooldown": "cap of the cooldown after backoff; 0: no cap",
+    "migrationHistoryWindow": "finished migrations counted for the backoff",
+    "evacuationStaleAfter": "a node held this long by its leaving VMs is reported (NodeHeld Event, held_nodes, "
+                            "alert); a descheduler-caused evacuation this old is stuck (rule 5a)",
+    "nodeCooldown": "rule 8b: rest of a node after a descheduler move left it; 0: off",
+    "targetNodeCooldown": "rule 8c: rest of a node after a descheduler move reached it; 0: off",
+    "nodeCooldownWindow": "rules 8b/8c: each further move of the node within this doubles the rest; 0: never",
+    "maxNodeCooldown": "rules 8b/8c: cap of the rest; 0: no cap",
+    "cooldownScope": "descheduler (cooldown and node budget hold only its evictions) or all",
+    "deschedulerUsers": "usernames treated as the descheduler besides its requested-by annotation",
+    "pendingEvacuationsPerNode": "rule 8: VMs that may be leaving a node at once; 0: rule 8 off",
+    "honorPreferNoEviction": "rule 7a: deny descheduler evictions of VMs annotated prefer-no-eviction",
+    "refuseNotMigratable": "rule 7n: deny descheduler evictions of VMs that cannot live-migrate (KubeVirt would "
+                           "shut them down)",
+    "targetNodeCooldownChurnOnly": "rule 8c only while the node also sent a VM away within its rest",
+    "steeringMinGain": "rule 10: score points the best move must gain (0 to 100)",
+    "steeringMargin": "rule 10: hold a VM back when another gains more than this many points more (0 to 100)",
+    "evacuationStaleAfterFailures": "failed attempts after which a descheduler-caused evacuation is stuck; "
+                                    "0: by age only; at most 5",
+}
 MAX_STALE_FAILURES = 5  # KubeVirt keeps the 5 most recent finished VMIMs per VMI: more could never be counted
 # guard-level settings that may share the config file with the policy
 GUARD_KEYS = ("staleAfter", "maxBodyBytes")
@@ -150,6 +177,19 @@ def build_settings(values: dict[str, Any]) -> PolicySettings:
             f"({_shown(values, 'maxMigrationCooldown', settings)} < {_shown(values, 'migrationCooldown', settings)})"
         )
     return settings
+
+
+def by_name(settings: PolicySettings) -> dict[str, Any]:
+    """The settings as an admin writes them: camelCase names, Go durations (``15m0s``), a list of users."""
+    out: dict[str, Any] = {}
+    for name in SETTING_NAMES:
+        value = getattr(settings, ATTRS[name])
+        if name in DURATIONS:
+            value = format_duration(value)
+        elif isinstance(value, frozenset):
+            value = sorted(value)
+        out[name] = value
+    return out
 
 
 def _shown(values: dict[str, Any], name: str, settings: PolicySettings) -> str:

@@ -43,17 +43,33 @@ class JSONFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+def _text_value(value: object) -> str:
+    """A field value for a text line: as is when it is one printable word, else a JSON string (so a newline or
+    an escape sequence in it can neither start a forged line nor reach the terminal)."""
+    text = value if isinstance(value, str) else str(value)
+    if text and text.isprintable() and not any(c in text for c in ' "=\\'):
+        return text
+    return orjson.dumps(text).decode()
+
+
+def _text_message(msg: str) -> str:
+    """The message, with what JSON would escape escaped the same way (spaces and quotes kept)."""
+    return msg if msg.isprintable() else orjson.dumps(msg).decode()[1:-1].replace('\\"', '"')
+
+
 class TextFormatter(logging.Formatter):
+    """One line per record for humans, escaped like the JSON lines: nothing a client sends can break it."""
+
     def format(self, record: logging.LogRecord) -> str:
         exc = self.formatException(record.exc_info) if record.exc_info else None
         return self.line(record.created, record.levelname, record.name, record.getMessage(), extra_fields(record), exc)
 
     def line(self, created: float, levelname: str, name: str, msg: str, fields: dict, exc: str | None = None) -> str:
-        line = f"{time.strftime('%H:%M:%S', time.localtime(created))} {levelname:<7} {msg}"
+        line = f"{time.strftime('%H:%M:%S', time.localtime(created))} {levelname:<7} {_text_message(msg)}"
         if fields:
-            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
         if exc:
-            line += "\n" + exc
+            line += "\n" + exc  # our own traceback: the one multi-line record
         return line
 
 
@@ -96,7 +112,7 @@ def _direct_handlers(logger: logging.Logger) -> list[BatchingStreamHandler] | No
 
 FLUSH_INTERVAL = 0.1  # seconds an INFO line may wait to be written
 WAKE_AT = 512  # pending lines that wake the writer before the interval is up
-MAX_PENDING = 50_000  # lines held while the reader of stderr is stuck; beyond that, lines are dropped
+MAX_PENDING_BYTES = 8 << 20  # characters held while the reader of stderr is stuck; beyond that, lines are dropped
 
 
 class BatchingStreamHandler(logging.StreamHandler):
@@ -109,8 +125,9 @@ class BatchingStreamHandler(logging.StreamHandler):
     daemon thread writes what is pending every ``FLUSH_INTERVAL`` seconds, at once
     for WARNING and above or when ``WAKE_AT`` lines are waiting, and ``flush()`` /
     ``close()`` (``logging.shutdown`` at exit) write everything. Only the writer
-    thread blocks on a slow reader; if lines pile up past ``MAX_PENDING`` they are
-    dropped and counted, and the count is written as soon as writing works again."""
+    thread blocks on a slow reader; if lines pile up past ``MAX_PENDING_BYTES``
+    (counted in characters, whatever the lines' lengths) they are dropped and
+    counted, and the count is written as soon as writing works again."""
 
     def __init__(self, stream, interval: float = FLUSH_INTERVAL) -> None:
         super().__init__(stream)
@@ -118,6 +135,8 @@ class BatchingStreamHandler(logging.StreamHandler):
         self._write_lock = threading.Lock()  # one writer at a time keeps batches in order
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._size_lock = threading.Lock()  # the pending size is added to by loggers and taken by the writer
+        self._pending_size = 0
         self.dropped = 0
         threading.Thread(target=self._write_every, args=(interval,), name="log-writer", daemon=True).start()
 
@@ -131,9 +150,12 @@ class BatchingStreamHandler(logging.StreamHandler):
 
     def queue(self, line: str, level: int) -> None:
         """Queue one formatted line (``structured`` calls this directly)."""
-        if len(self._pending) >= MAX_PENDING:
-            self.dropped += 1
-            return
+        size = len(line) + 1
+        with self._size_lock:
+            if self._pending_size + size > MAX_PENDING_BYTES:
+                self.dropped += 1
+                return
+            self._pending_size += size
         self._pending.append(line + self.terminator)
         if level >= logging.WARNING or len(self._pending) >= WAKE_AT:
             self._wake.set()
@@ -145,6 +167,9 @@ class BatchingStreamHandler(logging.StreamHandler):
             lines = []
             while self._pending:
                 lines.append(self._pending.popleft())
+            taken = sum(map(len, lines))
+            with self._size_lock:
+                self._pending_size -= taken
             if self.dropped:
                 lines.append(self.format(logging.makeLogRecord({
                     "name": "kubevirt_eviction_guard.logs", "levelno": logging.WARNING, "levelname": "WARNING",

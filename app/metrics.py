@@ -80,13 +80,43 @@ class Metrics:
         self.evacuation_cancels = Counter(PREFIX + "evacuation_cancels_total",
                                           "Stuck descheduler evacuations the guard cancelled (evacuate/cancel), by outcome",
                                           ["outcome", "node", "namespace"], registry=r)
+        # loop: history_reconcile | canceller | held_nodes: the background loops' finished passes
+        self.background_passes = Counter(PREFIX + "background_passes_total",
+                                         "Finished passes of the background loops over the cluster state", ["loop"],
+                                         registry=r)
+        # enabled: "true" | "false"; reason: enabled | disabled | snapshot | no_subresource | forbidden | unknown
+        self.canceller_info = Gauge(PREFIX + "evacuation_canceller_info",
+                                    "1, labelled with whether the canceller runs and why (not)", ["enabled", "reason"],
+                                    registry=r)
+        # rule 8 (node budget): nodes held longer than evacuationStaleAfter (app/effects/held.py)
+        self.held_nodes = Gauge(PREFIX + "held_nodes",
+                                "Nodes whose leaving VMs have filled the node budget for longer than evacuationStaleAfter",
+                                registry=r)
+        self.pinned_vms = Gauge(PREFIX + "pinned_vms",
+                                "VMs whose launcher pod may run on one node only (hostname nodeSelector or required "
+                                "node affinity): the descheduler's node-fit check skips them", registry=r)
+        self.not_migratable_vms = Gauge(PREFIX + "not_migratable_vms",
+                                        "VMs a descheduler eviction would shut down instead of moving (rule 7n)",
+                                        registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
+        # the HTTP bounds (app/admission/protocol.py); listener is webhook | metrics, reason is capacity |
+        # tls_handshake | headers | request_timeout
+        self.connections_closed = Counter(PREFIX + "connections_closed_total",
+                                          "Connections closed by a bound on clients, by listener and reason",
+                                          ["listener", "reason"], registry=r)
+        self.open_connections = Gauge(PREFIX + "open_connections", "Open connections, counted before TLS",
+                                      ["listener"], registry=r)
         # the children counted on the request path (see Children)
         self.decisions_by = Children(self.decisions)
         self.blocks_by = Children(self.blocks)
         self.bad_requests_by = Children(self.bad_requests)
         self.events_rate_limited_by = Children(self.events_rate_limited)
         self.side_effects_dropped_by = Children(self.side_effects_dropped)
+
+    def set_canceller(self, reason: str) -> None:
+        """One series: the canceller's state (``enabled`` is the only reason it runs)."""
+        self.canceller_info.clear()
+        self.canceller_info.labels("true" if reason == "enabled" else "false", reason).set(1)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -8,6 +8,7 @@ import gc
 import logging
 import resource
 import signal
+import socket
 import threading
 
 import uvicorn
@@ -15,18 +16,20 @@ import uvicorn
 from app.admission import protocol
 from app.admission.server import GuardContext, create_app
 from app.cluster.informer import ClusterWatch
-from app.config import SettingsError, load_config_file
+from app.config import SettingsError, by_name, load_config_file
 from app.domain.view import ClusterView
 from app.effects import Effects, KubeEffectsApi, LogOnlyApi
+from app.effects.cancel import DISABLED, SNAPSHOT
 from app.logs import batch_writes
 from app.metrics import Metrics
-from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
-from app.timefmt import parse_duration
+from app.startup import UsageError, clock, load_store, policy_settings, prometheus_durations, prometheus_source
+from app.timefmt import format_duration, parse_duration
 from app.tls import server_context
 from app.tlsreload import CertReloader
 
 log = logging.getLogger("kubevirt_eviction_guard")
 DEFAULT_STALE_AFTER = "2m"
+BACKLOG = 2048
 
 
 class GuardServer(uvicorn.Server):
@@ -54,6 +57,9 @@ class GuardServer(uvicorn.Server):
         timer = threading.Timer(self.drain_seconds, super().handle_exit, (sig, None))
         timer.daemon = True
         timer.start()
+
+    def _log_started_message(self, listeners) -> None:
+        """uvicorn's line would say http:// (TLS is the protocol's, not uvicorn's); serve logs the URL itself."""
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -112,9 +118,13 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
         if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
             effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
-        if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", False):
-            effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: cluster.health().ready,
+        ready = cluster.health
+        if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", True):
+            effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: ready().ready,
                                              interval=cancel_interval(args))
+        else:
+            metrics.set_canceller(DISABLED)
+        effects.watch_held_nodes(cluster.store, settings, ready=lambda: ready().ready)
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
@@ -124,6 +134,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         raise UsageError("serve: give --snapshot FILE, or a cluster to watch (--kubeconfig FILE, or run in a pod)")
     store = load_store(args)
     metrics = Metrics()
+    metrics.set_canceller(SNAPSHOT)  # no API server to cancel through
     effects = build_effects(args, store, metrics, api_client=None)  # snapshot: no API server, log what it would write
     return GuardContext(
         view=store, settings=settings, clock=clock(args), metrics=metrics, on_decision=effects.on_decision,
@@ -175,15 +186,20 @@ def cancel_interval(args: argparse.Namespace) -> float:
     return seconds
 
 
-def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics, api_client=None) -> Effects:
-    """Side effects write through ``api_client`` in live mode. Without an API server
-    (snapshot mode) they run the same pipeline and log what they would write."""
+def event_interval(args: argparse.Namespace) -> float:
     try:
         interval = parse_duration(args.event_interval)
     except ValueError as e:
         raise SettingsError(f"--event-interval: {e}") from None
     if interval < 0:
         raise SettingsError(f"--event-interval: must not be negative, got {args.event_interval}")
+    return interval
+
+
+def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics, api_client=None) -> Effects:
+    """Side effects write through ``api_client`` in live mode. Without an API server
+    (snapshot mode) they run the same pipeline and log what they would write."""
+    interval = event_interval(args)
     if args.side_effect_queue < 1:
         raise UsageError(f"--side-effect-queue: must be positive, got {args.side_effect_queue}")
     api = KubeEffectsApi(api_client) if api_client is not None else LogOnlyApi()
@@ -192,20 +208,44 @@ def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics,
                    annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users)
 
 
-def serve(args: argparse.Namespace) -> int:
-    ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
-    for flag in ("request_timeout", "idle_timeout", "graceful_timeout", "shutdown_drain"):
+def http_limits(args: argparse.Namespace) -> protocol.HttpLimits:
+    """The bounds on clients from serve's flags (durations parsed in place); a bad one is a UsageError naming it."""
+    for flag in ("request_timeout", "idle_timeout", "graceful_timeout", "shutdown_drain", "tls_handshake_timeout"):
         raw = getattr(args, flag)
         try:
-            value = parse_duration(raw)
+            value = parse_duration(raw) if isinstance(raw, str) else float(raw)
         except ValueError as e:
             raise UsageError(f"--{flag.replace('_', '-')}: {e}") from None
         if value < 0 or (value == 0 and flag != "shutdown_drain"):
             raise UsageError(f"--{flag.replace('_', '-')}: must be positive, got {raw}")
         setattr(args, flag, value)
-    protocol.GuardHttpProtocol.request_timeout = args.request_timeout
+    for flag, least in (("max_header_bytes", 1024), ("max_headers", 16), ("max_connections", 8)):
+        if getattr(args, flag) < least:
+            raise UsageError(f"--{flag.replace('_', '-')}: must be at least {least}, got {getattr(args, flag)}")
+    return protocol.HttpLimits(request_timeout=args.request_timeout, max_header_bytes=args.max_header_bytes,
+                               max_headers=args.max_headers, max_connections=args.max_connections,
+                               tls_handshake_timeout=args.tls_handshake_timeout)
+
+
+def listener_protocol(limits: protocol.HttpLimits, metrics: Metrics, listener: str, tls=None):
+    """The protocol class of one port, its bounds counted in ``metrics``."""
+    closed = metrics.connections_closed
+    cls = protocol.protocol_class(limits, tls, on_close=lambda reason: closed.labels(listener, reason).inc())
+    metrics.open_connections.labels(listener).set_function(lambda: len(cls.table))
+    return cls
+
+
+def serve(args: argparse.Namespace) -> int:
+    ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
+    limits = http_limits(args)
     raise_fd_limit()
-    policy_settings(args), stale_after(args), cancel_interval(args)  # refuse bad settings before touching the cluster
+    # refuse bad settings before touching the cluster or loading a snapshot
+    policy_settings(args), clock(args), stale_after(args), cancel_interval(args), prometheus_durations(args)
+    event_interval(args)
+    if args.metrics_port and args.metrics_port == args.port:
+        raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
+    sock = listen(args.host, args.port, BACKLOG)
+    metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
     cluster = None if args.snapshot else live_cluster(args, Metrics())
     ctx = build_context(args, cluster)
     if cluster is None:
@@ -214,22 +254,19 @@ def serve(args: argparse.Namespace) -> int:
         create_app(ctx),
         host=args.host,
         port=args.port,
-        ssl_certfile=args.tls_cert,
-        ssl_keyfile=args.tls_key,
         loop="auto",
-        http=protocol.GuardHttpProtocol,
+        # TLS 1.2 minimum, optional client-certificate verification; started by the protocol (see protocol.py)
+        http=listener_protocol(limits, ctx.metrics, "webhook", tls=ssl_ctx),
         log_config=None,
         access_log=False,
         timeout_keep_alive=args.idle_timeout,
         timeout_graceful_shutdown=args.graceful_timeout,
-        backlog=2048,
+        backlog=BACKLOG,
     )
-    config.load()
-    config.ssl = ssl_ctx  # ours: TLS 1.2 minimum, optional client-certificate verification
     batch_writes()  # one log line per decision: write them in batches (logs.BatchingStreamHandler)
-    background = start_background(args, ssl_ctx, ctx)
-    log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "settings": repr(ctx.settings),
-                               "source": args.snapshot or "live cluster"})
+    background = start_background(args, ssl_ctx, ctx, limits, metrics_sock)
+    log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "source": args.snapshot or "live cluster",
+                               "settings": by_name(ctx.settings), "server": server_settings(args, ctx)})
     if cluster is not None:
         cluster.start()
         freeze_after_sync(cluster)
@@ -237,11 +274,11 @@ def serve(args: argparse.Namespace) -> int:
         ctx.effects.start()
     if ctx.usage_source is not None:
         log.info("steering on: polling Prometheus", extra={"url": ctx.usage_source.url,
-                                                           "interval_s": ctx.usage_source.interval,
-                                                           "max_age_s": ctx.usage_source.max_age})
+                                                           "interval": format_duration(ctx.usage_source.interval),
+                                                           "maxAge": format_duration(ctx.usage_source.max_age)})
         ctx.usage_source.start()
     try:
-        GuardServer(config, ctx, args.shutdown_drain).run()
+        GuardServer(config, ctx, args.shutdown_drain).run(sockets=[sock])
     finally:
         for part in reversed(background):
             part.stop()
@@ -254,10 +291,49 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> list:
+def listen(host: str, port: int, backlog: int, flag: str = "--port") -> socket.socket:
+    """A listening socket, bound here so that a bad address or a port in use is one line, not uvicorn's exit."""
+    sock = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts need no wait
+        sock.bind(address)
+        sock.listen(backlog)
+        return sock
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        raise UsageError(f"{flag} {port}: cannot listen on {host}: {e.strerror or e}") from None
+
+
+def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
+    """serve's own settings by their chart names (values.yaml ``server``), durations the Go way."""
+    out = {
+        "host": args.host, "port": args.port, "metricsPort": args.metrics_port,
+        "logLevel": logging.getLevelName(logging.getLogger().level).lower(),
+        "maxBodyBytes": args.max_body_bytes, "staleAfter": format_duration(stale_after(args)),
+        "tlsReloadInterval": format_duration(args.tls_reload_interval),
+        "requestTimeout": format_duration(args.request_timeout), "idleTimeout": format_duration(args.idle_timeout),
+        "gracefulTimeout": format_duration(args.graceful_timeout), "shutdownDrain": format_duration(args.shutdown_drain),
+        "sideEffects": not args.no_side_effects, "eventInterval": format_duration(event_interval(args)),
+        "sideEffectQueue": args.side_effect_queue, "historyAnnotation": not args.no_history_annotation,
+        "cancelStuckEvacuations": args.cancel_stuck_evacuations, "clientCA": bool(args.client_ca),
+        "maxHeaderBytes": args.max_header_bytes, "maxHeaders": args.max_headers,
+        "maxConnections": args.max_connections, "tlsHandshakeTimeout": format_duration(args.tls_handshake_timeout),
+    }
+    if args.cancel_stuck_evacuations:
+        out["cancelInterval"] = format_duration(cancel_interval(args))
+    if ctx.usage_source is not None:
+        src = ctx.usage_source
+        out["prometheus"] = {"url": src.url, "interval": format_duration(src.interval),
+                             "maxAge": format_duration(src.max_age)}
+    return out
+
+
+def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: protocol.HttpLimits,
+                     metrics_sock=None) -> list:
     """What lives beside the HTTPS server: certificate reload, the plain-HTTP metrics port, the descheduler check."""
-    if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
-        raise UsageError(f"--metrics-port: must be a free port other than --port {args.port}, got {args.metrics_port}")
     registry = ctx.metrics.registry
     parts: list = [CertReloader(ssl_ctx, args.tls_cert, args.tls_key, args.client_ca,
                                 interval=args.tls_reload_interval, registry=registry).start()]
@@ -265,13 +341,21 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext) -> li
         from app.metrics_server import MetricsServer
 
         try:
-            parts.append(MetricsServer(ctx, args.host, args.metrics_port).start())
+            metrics_protocol = listener_protocol(limits, ctx.metrics, "metrics")
+            parts.append(MetricsServer(ctx, args.host, args.metrics_port, metrics_protocol,
+                                       idle_timeout=args.idle_timeout, sock=metrics_sock).start())
         except OSError as e:
             raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:
         from app.cluster.descheduler import DeschedulerCheck
         from app.cluster.kube import api_client
+        from app.domain.kinds import KUBEVIRT
 
         api = api_client(args.kubeconfig, getattr(args, "kube_context", None))
-        parts.append(DeschedulerCheck(api, registry, namespace=args.descheduler_namespace).start())
+        view = ctx.view
+        check = DeschedulerCheck(api, registry, namespace=args.descheduler_namespace,
+                                 kubevirt=getattr(view, "kubevirt", lambda: None))
+        if hasattr(view, "add_listener"):  # the KubeVirt CR changed: the mismatch label may have
+            view.add_listener(lambda kind, old, new: check.refresh() if kind == KUBEVIRT else None)
+        parts.append(check.start())
     return parts

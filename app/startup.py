@@ -8,9 +8,10 @@ import argparse
 import logging
 import time
 
-from app.cluster.snapshot import load_snapshot
+from app.cluster.snapshot import SnapshotError, load_snapshot
 from app.cluster.store import ClusterStore
 from app.config import SETTING_NAMES, SettingsError, build_settings, load_config_file
+from app.domain.kinds import VMI
 from app.policy.model import PolicySettings
 from app.timefmt import parse_timestamp
 
@@ -31,7 +32,7 @@ def policy_settings(args: argparse.Namespace) -> PolicySettings:
 
 
 def clock(args: argparse.Namespace):
-    if not getattr(args, "now", None):
+    if getattr(args, "now", None) is None:
         return time.time
     fixed = parse_timestamp(args.now)
     if fixed is None:
@@ -43,8 +44,14 @@ def load_store(args: argparse.Namespace) -> ClusterStore:
     if not args.snapshot:
         return list_live_store(args)
     store, stats = load_snapshot(args.snapshot)
+    if not stats.loaded[VMI]:
+        raise SnapshotError(f"--snapshot {args.snapshot}: no VirtualMachineInstance in it (expected what "
+                            "'kubectl get vmi,vmim,pods,nodes -A -o yaml' prints)")
     log.info("snapshot loaded", extra={"file": args.snapshot, **stats.loaded, "skipped_kinds": stats.skipped_kinds,
                                        "skipped_malformed": stats.skipped_malformed})
+    if stats.skipped_malformed:
+        log.warning("snapshot: objects without a name skipped", extra={"file": args.snapshot,
+                                                                       "skipped_malformed": stats.skipped_malformed})
     return store
 
 
@@ -68,6 +75,19 @@ def prometheus_source(args: argparse.Namespace, metrics=None):
     if not url:
         return None
     from app.metricsource.prometheus import PrometheusSource, SettingsProblem
+
+    durations = prometheus_durations(args)
+    try:
+        return PrometheusSource(url, token_file=args.prometheus_token_file, ca_file=args.prometheus_ca,
+                                interval=durations.get("prometheus_interval", 30.0),
+                                timeout=durations.get("prometheus_timeout", 5.0),
+                                max_age=durations.get("prometheus_max_age"), clock=clock(args), metrics=metrics)
+    except SettingsProblem as e:
+        raise SettingsError(str(e)) from None
+
+
+def prometheus_durations(args: argparse.Namespace) -> dict[str, float]:
+    """The ``--prometheus-*`` durations that are given, in seconds; each must be positive."""
     from app.timefmt import parse_duration
 
     durations = {}
@@ -81,10 +101,4 @@ def prometheus_source(args: argparse.Namespace, metrics=None):
             raise SettingsError(f"--{flag.replace('_', '-')}: {e}") from None
         if durations[flag] <= 0:
             raise SettingsError(f"--{flag.replace('_', '-')}: must be a positive duration, got {raw!r}")
-    try:
-        return PrometheusSource(url, token_file=args.prometheus_token_file, ca_file=args.prometheus_ca,
-                                interval=durations.get("prometheus_interval", 30.0),
-                                timeout=durations.get("prometheus_timeout", 5.0),
-                                max_age=durations.get("prometheus_max_age"), clock=clock(args), metrics=metrics)
-    except SettingsProblem as e:
-        raise SettingsError(str(e)) from None
+    return durations

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import ipaddress
+import os
 import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +18,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
+# TLS 1.2: forward-secret AEAD suites only (no CBC), what Go's crypto/tls, and so kube-apiserver, offers first
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+
+
 class TLSError(ValueError):
-    """A certificate or key the guard refuses to serve with; the text names the file."""
+    """A certificate or key the guard refuses to serve with, or cannot write; the text names the file."""
 
 
 def check_certificate(cert_path: str | Path, now: dt.datetime | None = None) -> x509.Certificate:
@@ -38,16 +45,17 @@ def check_certificate(cert_path: str | Path, now: dt.datetime | None = None) -> 
 
 
 def server_context(cert_path: str | Path, key_path: str | Path, client_ca: str | Path | None = None) -> ssl.SSLContext:
-    """An SSLContext for serving: TLS 1.2+, the given pair, optionally requiring client certs."""
+    """An SSLContext for serving: TLS 1.2+ (AEAD suites on 1.2), the given pair, optionally requiring client certs."""
     check_certificate(cert_path)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)  # TLS 1.3's suites are all AEAD and not affected
     try:
         ctx.load_cert_chain(str(cert_path), str(key_path))
-    except FileNotFoundError as e:
-        raise TLSError(f"--tls-key {key_path}: cannot read: {e.strerror}") from None
     except ssl.SSLError as e:
         raise TLSError(f"--tls-key {key_path}: does not load with --tls-cert {cert_path}: {e.reason or e}") from None
+    except OSError as e:  # missing, or unreadable (OpenShift runs the container with a random UID)
+        raise TLSError(f"--tls-key {key_path}: cannot read: {e.strerror or e}") from None
     if client_ca:
         try:
             ctx.load_verify_locations(cafile=str(client_ca))
@@ -119,12 +127,42 @@ def issue_certs(service: str, namespace: str, days: int = 365, now: dt.datetime 
     )
 
 
-def write_certs(issued: IssuedCerts, out: str | Path) -> dict[str, Path]:
+CERT_FILES = {"ca": ("ca.crt", 0o644), "cert": ("tls.crt", 0o644), "key": ("tls.key", 0o600)}
+
+
+def write_certs(issued: IssuedCerts, out: str | Path, force: bool = False) -> dict[str, Path]:
+    """ca.crt, tls.crt and tls.key in ``out`` (created). Existing files are refused unless ``force``,
+    all three checked before any is written. Each file is written to a new file in the same folder
+    and renamed over its name: the key is mode 0600 from its first byte (also when it replaces a
+    key of another mode), and a reader never sees a half-written file."""
     d = Path(out)
-    d.mkdir(parents=True, exist_ok=True)
-    paths = {"ca": d / "ca.crt", "cert": d / "tls.crt", "key": d / "tls.key"}
-    paths["ca"].write_bytes(issued.ca_pem)
-    paths["cert"].write_bytes(issued.cert_pem)
-    paths["key"].touch(mode=0o600)
-    paths["key"].write_bytes(issued.key_pem)
+    paths = {kind: d / name for kind, (name, _) in CERT_FILES.items()}
+    if d.exists() and not d.is_dir():
+        raise TLSError(f"--out {d}: exists and is not a folder")
+    existing = [p.name for p in paths.values() if p.exists() or p.is_symlink()]
+    if existing and not force:
+        raise TLSError(f"--out {d}: {', '.join(existing)} already there; --force replaces them")
+    data = {"ca": issued.ca_pem, "cert": issued.cert_pem, "key": issued.key_pem}
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        for kind, (_, mode) in CERT_FILES.items():
+            replace_file(paths[kind], data[kind], mode)
+    except OSError as e:
+        raise TLSError(f"--out {d}: cannot write: {e.strerror or e}") from None
     return paths
+
+
+def replace_file(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to a new file (created with ``mode``) beside ``path``, then rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp: mode 0600, O_EXCL
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

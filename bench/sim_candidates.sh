@@ -1,17 +1,17 @@
 #!/bin/sh
 # Issue 14's candidate comparison: every default scenario x seeds 1-10 x the baselines, the default guard and
 # each candidate variant (app/sim/guards.py), then the table in docs/simulator.md (bench/sim_candidates.py).
-# About 1,000 runs of ~1.5 s CPU each: ~6 min on 2 workers. Usage: bench/sim_candidates.sh [OUT_DIR] [DOC]
+# About 1,400 runs of ~1.5 s CPU each (fleet: ~4 s): ~15 min on 2 quiet workers. Usage: bench/sim_candidates.sh [OUT_DIR] [DOC]
 set -eu
 OUT=${1:-sim-candidates}
 README=${2:-docs/simulator.md}
 PY=${PY:-.venv/bin/python}
 SEEDS=${SEEDS:-1-10}
-CANDIDATES="guard-cancel guard-nodecool guard-targetcool guard-settle guard-longrest guard-churn"
+CANDIDATES="guard-nocancel guard-nodecool guard-targetcool guard-settle guard-longrest guard-churn"
 MODES="upstream,profile,node-limit-1,upstream+guard,profile+guard"
 for c in $CANDIDATES; do MODES="$MODES,upstream+$c,profile+$c"; done
 SCENARIOS=""
-for s in reference-stress pilot failing-migrations drains mixed-sizes hourly; do
+for s in reference-stress pilot failing-migrations drains mixed-sizes hourly fleet tight; do
   SCENARIOS="$SCENARIOS --scenario examples/scenarios/$s.yaml"
 done
 CMD="simulate$SCENARIOS --seeds $SEEDS --modes $MODES --jobs 2 --out $OUT --format csv"

@@ -164,6 +164,7 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON here")
     args = p.parse_args()
 
+    load_before = os.getloadavg()[0]
     ctx = mp.get_context("fork")  # fork before the client and its threads exist
     parent_conn, child_conn = ctx.Pipe()
     child = ctx.Process(target=_server, args=(child_conn, args.vmis, args.vmims), daemon=True)
@@ -236,8 +237,11 @@ def main() -> int:
         "vmis": args.vmis, "pods": args.vmis, "vmims": args.vmims, "objects": counts,
         "json_bytes_per_object": info["json_bytes"], "ready_seconds": round(ready_s, 2), "ready_cpu_seconds": round(ready_cpu, 2),
         "rss_after_sync_mb": round(rss_synced), "rss_baseline_mb": round(baseline),
+        "rss_after_gc_mb": round(rss_after_gc),
+        "state_bytes_per_object": round(state_mb * 1024 * 1024 / sum(counts.values())),
         "burst_events_per_second": round(burst_rate), "live_events_per_second": round(live_rate),
-        "rss_end_mb": round(rss_end),
+        "rss_end_mb": round(rss_end), "loadavg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "cpus": os.cpu_count(),
         "targets_met": {"ready_lt_30s": ready_s < 30, "rss_lt_400mb": rss_synced < 400,
                         "events_ge_20000_per_s": burst_rate >= 20000},
     }

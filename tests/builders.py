@@ -10,7 +10,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from app.cluster.store import ClusterStore
-from app.domain.records import migration_from_object, node_from_object, pod_from_object, vmi_from_object
+from app.domain.records import (
+    kubevirt_from_object,
+    migration_from_object,
+    node_from_object,
+    pod_from_object,
+    vmi_from_object,
+)
 from app.domain.usage import UsageSnapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -46,22 +52,44 @@ def mstate(uid: str, src: str, dst: str, start: float | None, end: float | None 
 
 
 def vmi(name: str, node_name: str, created: float = 10_000, migration: dict | None = None, evacuation: str | None = None,
-        annotations: dict | None = None) -> dict:
+        annotations: dict | None = None, strategy: str | None = None, migratable: tuple[str, str, str] | None = None,
+        uid: str | None = None) -> dict:
+    """``strategy``: spec.evictionStrategy; ``migratable``: the LiveMigratable condition's (status, reason, message)."""
     status: dict = {"phase": "Running", "nodeName": node_name}
     if migration is not None:
         status["migrationState"] = migration
     if evacuation:
         status["evacuationNodeName"] = evacuation
+    if migratable is not None:
+        st, reason, message = migratable
+        status["conditions"] = [{"type": "LiveMigratable", "status": st, "lastProbeTime": None,
+                                 "lastTransitionTime": None, **({"reason": reason} if reason else {}),
+                                 **({"message": message} if message else {})}]
     return {
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": ts(created),
+        "metadata": {"name": name, "namespace": NS, "uid": uid or f"uid-{name}", "creationTimestamp": ts(created),
                      **({"annotations": annotations} if annotations else {})},
+        "spec": {"evictionStrategy": strategy} if strategy else {},
         "status": status,
     }
 
 
+def kubevirt_cr(strategy: str | None = None, outbound: int | None = None, per_cluster: int | None = None,
+                name: str = "kubevirt", namespace: str = "kubevirt") -> dict:
+    """The KubeVirt CR with what the guard reads of spec.configuration (unset where None)."""
+    migrations = {k: v for k, v in (("parallelOutboundMigrationsPerNode", outbound),
+                                    ("parallelMigrationsPerCluster", per_cluster)) if v is not None}
+    config: dict = {"migrations": migrations} if migrations else {}
+    if strategy is not None:
+        config["evictionStrategy"] = strategy
+    return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"configuration": config} if config else {}}
+
+
 def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | None = None, evacuation: str | None = None,
-         uid: str | None = None, priority: str | None = None) -> dict:
+         uid: str | None = None, priority: str | None = None, conditions: list[dict] | None = None,
+         send_to: bool = False, receive: bool = False) -> dict:
+    """``send_to``/``receive``: one side of a decentralized migration (KubeVirt 1.9's spec.sendTo / spec.receive)."""
     meta: dict = {"name": name, "namespace": NS, "uid": uid or (state or {}).get("migrationUid") or f"uid-{name}",
                   "creationTimestamp": ts(created)}
     if evacuation:
@@ -69,7 +97,13 @@ def vmim(name: str, vmi_name: str, phase: str, created: float, state: dict | Non
     status: dict = {"phase": phase} if phase else {}
     if state is not None:
         status["migrationState"] = state
+    if conditions:
+        status["conditions"] = conditions
     spec: dict = {"vmiName": vmi_name, **({"priority": priority} if priority else {})}
+    if send_to:
+        spec["sendTo"] = {"migrationID": f"mig-{name}", "connectURL": "https://sync.other-cluster.example:9185"}
+    if receive:
+        spec["receive"] = {"migrationID": f"mig-{name}"}
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration", "metadata": meta,
             "spec": spec, "status": status}
 
@@ -89,8 +123,10 @@ def failing_evacuation(vmi_name: str, node_name: str, attempts: int, first: floa
     return out
 
 
-def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Running", job: str | None = None,
-        launcher: bool = True, domain: bool = True, annotations: dict | None = None, ready: bool | None = None) -> dict:
+def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str | None = "Running", job: str | None = None,
+        launcher: bool = True, domain: bool = True, annotations: dict | None = None, ready: bool | None = None,
+        node_selector: dict | None = None, affinity: dict | None = None) -> dict:
+    """``phase`` None: no status.phase at all (a pod the kubelet has not reported on yet)."""
     ready = phase == "Running" if ready is None else ready
     labels = {"kubevirt.io": "virt-launcher"} if launcher else {"app": "web"}
     if job:
@@ -100,13 +136,21 @@ def pod(vmi_name: str, node_name: str, name: str | None = None, phase: str = "Ru
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name or f"virt-launcher-{vmi_name}-abcde", "namespace": NS, "resourceVersion": "7",
                      "labels": labels, "annotations": annotations},
-        "spec": {"nodeName": node_name},
-        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        "spec": {"nodeName": node_name, **({"nodeSelector": node_selector} if node_selector else {}),
+                 **({"affinity": affinity} if affinity else {})},
+        "status": {**({"phase": phase} if phase is not None else {}),
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 
 PARSE = {"Node": node_from_object, "VirtualMachineInstance": vmi_from_object,
-         "VirtualMachineInstanceMigration": migration_from_object, "Pod": pod_from_object}
+         "VirtualMachineInstanceMigration": migration_from_object, "Pod": pod_from_object, "KubeVirt": kubevirt_from_object}
+
+
+def condition(kind: str, reason: str = "", message: str = "", status: str = "True") -> dict:
+    """A VMIM condition as virt-controller writes it (e.g. migrationBlockedByBackup)."""
+    return {"type": kind, "status": status, "lastProbeTime": ts(1), "lastTransitionTime": None,
+            **({"reason": reason} if reason else {}), **({"message": message} if message else {})}
 
 
 def store_of(*objects: dict) -> ClusterStore:

@@ -82,3 +82,55 @@ def test_summary_has_both_servers_ratios_and_targets(result: dict) -> None:
     assert d["calls"] == 3 * 150 and 0 < d["median_us"] <= d["p99_us"]
     assert d["loaded"]["vmi"] == 300
     assert result["state"]["objects"]["VirtualMachineInstance"] == 300
+
+
+def test_the_doc_sections_are_written_from_the_result_files(result: dict, tmp_path: Path) -> None:
+    """Every number in docs/performance.md's generated sections comes from a result file (bench.doc)."""
+    from bench import doc
+
+    page = tmp_path / "performance.md"
+    page.write_text("# P\n\nbefore\n<!-- bench:begin -->\nSTALE-TEXT\n<!-- bench:end -->\nmiddle\n"
+                    "<!-- watch:begin -->\nSTALE-TEXT\n<!-- watch:end -->\nafter\n")
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_bytes(orjson.dumps(result))
+    watch = {"vmis": 1000, "pods": 1000, "vmims": 5000, "objects": {"vmi": 1000, "pod": 1000, "vmim": 5000, "node": 4},
+             "ready_seconds": 1.25, "ready_cpu_seconds": 0.75, "rss_after_sync_mb": 123, "rss_baseline_mb": 50,
+             "rss_after_gc_mb": 120, "state_bytes_per_object": 481, "burst_events_per_second": 23456,
+             "live_events_per_second": 12345,
+             "targets_met": {"ready_lt_30s": True, "rss_lt_400mb": True, "events_ge_20000_per_s": True}}
+    watch_file = tmp_path / "watch.json"
+    watch_file.write_bytes(orjson.dumps(watch))
+    assert doc.main([str(bench_file), "--watch", str(watch_file), "--doc", str(page)]) == 0
+    text = page.read_text()
+    assert "STALE-TEXT" not in text and text.startswith("# P\n\nbefore\n") and text.endswith("\nafter\n")
+    assert f"{result['summary']['ratios']['throughput']:.2f}" in text
+    assert "| 1.2 s (0.8 s of CPU) | < 30 s (met) |" in text and "23,456 (live: 12,345)" in text
+    assert "about 481 bytes per object (7,004 objects)" in text
+
+
+def test_the_reliability_sections_are_written_from_the_figures(tmp_path: Path) -> None:
+    from bench import doc
+
+    phase = {"requests": 100, "errors": 0, "cache_stale_answers": 7, "latency_ms_p50": 1.0, "latency_ms_p99": 4.5,
+             "latency_ms_max": 12.0, "watch_restarts": {"connection": 2}}
+    faults = {"watch_cuts": {**phase, "cuts": 5, "change_seen_after_s_max": 0.5},
+              "expired_410": {**phase, "compactions": 6, "change_seen_after_s_max": 0.02},
+              "http_500": {**phase, "recovery_s": 1.26}, "http_429": {**phase, "recovery_s": 2.5},
+              "api_down": {**phase, "outage_s": 3.5, "recovery_s": 1.0, "latency_ms_p99": 9.25},
+              "silent_watch": {**phase, "change_seen_after_s": 1.6},
+              "many_cycles": {**phase, "cycles": 30, "rss_mb_before": 99.2, "rss_mb_after": 99.4, "threads": [10, 10],
+                              "fds": [19, 18]}}
+    figures = tmp_path / "reliability"
+    figures.mkdir()
+    (figures / "api-faults.json").write_bytes(orjson.dumps(faults))
+    (figures / "replicas.json").write_bytes(orjson.dumps({"requests_compared": 180, "identical": 179,
+                                                          "one_replica_only_evictions": 19, "restart_to_ready_s": 1.52}))
+    page = tmp_path / "reliability.md"
+    page.write_text("a\n<!-- faults:begin -->\nSTALE-TEXT\n<!-- faults:end -->\nb\n"
+                    "<!-- replicas:begin -->\nSTALE-TEXT\n<!-- replicas:end -->\nc\n")
+    assert doc.main(["--reliability", str(figures), "--doc", str(page)]) == 0
+    text = page.read_text()
+    assert "STALE-TEXT" not in text and text.startswith("a\n") and text.endswith("\nc\n")
+    assert "| 500 on every list/watch for 3.5 s | 100 | 0 | 7 | 1.26 s | connection 2 |" in text
+    assert "p99 ≤ 9.2 ms in every phase" in text and "RSS went from 99.2 to 99.4 MB" in text
+    assert "179 of 180 answers were identical" in text and "ready again 1.5 s after its restart" in text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.policy import PolicySettings
 from app.policy.cancel import evacuations_to_cancel
-from tests.builders import NOW, failing_evacuation, node, pod, store_of, vmi, vmim
+from tests.builders import NOW, condition, failing_evacuation, node, pod, store_of, vmi, vmim
 
 SRC = {"kubevirt.io/eviction-source": "descheduler"}
 DEFAULTS = PolicySettings()
@@ -38,6 +38,14 @@ def test_never_a_drain_nor_what_is_not_stuck():
                                         vmim("admin", "db", "Pending", 1, priority="system-critical")],
         "not marked, only a retry left (nothing to cancel)": [vmi("db", "worker-a", annotations=SRC),
                                                               *failing_evacuation("db", "worker-a", 3, running=True)],
+        "waiting for a backup (blocked is not stuck)": [
+            vmi("db", "worker-a", evacuation="worker-a", annotations=SRC), *failing_evacuation("db", "worker-a", 3),
+            vmim("db-b", "db", "Pending", 1, evacuation="worker-a", priority="system-maintenance",
+                 conditions=[condition("migrationBlockedByBackup", "BackupInProgress", "Waiting for backup b to complete")])],
+        "rejected by resource quota for 90 minutes": [
+            vmi("db", "worker-a", evacuation="worker-a", annotations=SRC),
+            vmim("db-q", "db", "Pending", 90, evacuation="worker-a", priority="system-maintenance",
+                 conditions=[condition("migrationRejectedByResourceQuota")])],
     }
     for what, objects in cases.items():
         assert to_cancel(*objects) == [], what

@@ -122,7 +122,8 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(mode, kind):
                             f"{'/'.join(map(str, e.path))}: {e.message}")
         validated.add(doc["kind"])
     expected = {"Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                "PodDisruptionBudget", f"{kind.capitalize()}WebhookConfiguration"}
+                "PodDisruptionBudget", f"{kind.capitalize()}WebhookConfiguration", "NetworkPolicy",
+                "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     if mode == "helm":
         expected.add("Secret")
     assert validated == expected
@@ -144,8 +145,12 @@ def test_validation_is_not_vacuous():
 
 
 def test_everything_is_namespaced_to_the_release_or_cluster_scoped():
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
-    for doc in render(MONITORING):
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
+    for doc in render(merge(MONITORING, DESCHEDULER_ROLE)):
+        if doc["kind"] in ("Role", "RoleBinding"):  # the descheduler check's, in the operator's namespace
+            assert doc["metadata"]["namespace"] == "openshift-kube-descheduler-operator"
+            continue
         assert doc["metadata"].get("namespace") == (None if doc["kind"] in cluster_scoped else NS), doc["kind"]
 
 
@@ -188,9 +193,10 @@ def test_probes_and_graceful_termination():
     c = container(docs)
     https_port = next(p for p in c["ports"] if p["name"] == "https")["containerPort"]
     assert https_port == 8443
+    # the plain port: a kubelet probe has no client certificate for clientCA's HTTPS port
     for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = c[probe]["httpGet"]
-        assert (get["path"], get["port"], get["scheme"]) == (path, "https", "HTTPS"), probe
+        assert (get["path"], get["port"], get["scheme"]) == (path, "metrics", "HTTP"), probe
     # the startup probe gives the guard time to list the cluster before liveness can kill it
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 30
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
@@ -230,6 +236,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     policy = {"migrationCooldown": "10m", "maxMigrationCooldown": "0", "migrationHistoryWindow": "24h",
               "cooldownScope": "all", "deschedulerUsers": ["system:serviceaccount:kube-system:descheduler"],
               "pendingEvacuationsPerNode": 2, "evacuationStaleAfter": "90m", "honorPreferNoEviction": False,
+              "refuseNotMigratable": False,
               "evacuationStaleAfterFailures": 5,
               "nodeCooldown": "5m", "targetNodeCooldown": "30m", "nodeCooldownWindow": "0s", "maxNodeCooldown": "2h",
               "targetNodeCooldownChurnOnly": True}
@@ -240,7 +247,7 @@ def test_policy_values_become_a_config_file_the_guard_accepts(tmp_path):
     assert settings.migration_history_window == 86400 and settings.cooldown_scope == "all"
     assert settings.descheduler_users == frozenset(policy["deschedulerUsers"])
     assert settings.pending_evacuations_per_node == 2 and settings.evacuation_stale_after == 5400
-    assert settings.honor_prefer_no_eviction is False
+    assert settings.honor_prefer_no_eviction is False and settings.refuse_not_migratable is False
     assert settings.evacuation_stale_after_failures == 5
     assert (settings.node_cooldown, settings.target_node_cooldown, settings.node_cooldown_window,
             settings.max_node_cooldown, settings.target_node_cooldown_churn_only) == (300, 1800, 0, 7200, True)
@@ -274,29 +281,43 @@ def grants(role: dict) -> set[tuple[str, str, str]]:
 
 LEAST_PRIVILEGE = (
     {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
-                            ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
+                            ("kubevirt.io", "kubevirts"), ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
     | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch")}
     | {("", "events", v) for v in ("create", "patch")}
 )
 HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
+DESCHEDULER_ROLE = {"deschedulerCheck": {"createRole": "always"}}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
-CANCEL = {("subresources.kubevirt.io", "virtualmachineinstances/evacuate", "update")}
+# kube-apiserver authorizes .../evacuate/cancel as subresource "evacuate", virt-api as "evacuate/cancel"
+CANCEL = {("subresources.kubevirt.io", "virtualmachineinstances/evacuate", "update"),
+          ("subresources.kubevirt.io", "virtualmachineinstances/evacuate/cancel", "update")}
 
 
 def test_rbac_grants_exactly_the_listed_verbs():
     docs = render()
     role = one(docs, "ClusterRole")
-    assert grants(role) == LEAST_PRIVILEGE | DESCHEDULER_READ
+    # the canceller's rules are there by default; no events.k8s.io; kubedeschedulers only in the operator's namespace
+    assert grants(role) == LEAST_PRIVILEGE | CANCEL
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
-    assert grants(one(render({"deschedulerCheck": {"enabled": False}}), "ClusterRole")) == LEAST_PRIVILEGE
+    assert [d for d in docs if d["kind"] in ("Role", "RoleBinding")] == []  # no cluster here: lookup finds no namespace
+    checked = render(DESCHEDULER_ROLE)
+    namespaced = one(checked, "Role")
+    assert grants(namespaced) == DESCHEDULER_READ
+    assert namespaced["metadata"]["namespace"] == "openshift-kube-descheduler-operator"
+    role_binding = one(checked, "RoleBinding")
+    assert role_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                       "name": namespaced["metadata"]["name"]}
+    assert role_binding["subjects"] == one(checked, "ClusterRoleBinding")["subjects"]
+    assert [d for d in render(merge(DESCHEDULER_ROLE, {"deschedulerCheck": {"enabled": False}}))
+            if d["kind"] == "Role"] == []
     no_history = render({"historyAnnotation": {"enabled": False}})
-    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | DESCHEDULER_READ
+    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | CANCEL
     assert "--no-history-annotation" in container(no_history)["args"]
     assert "--no-history-annotation" not in container(docs)["args"]
-    cancelling = render({"cancelStuckEvacuations": {"enabled": True}})
-    assert grants(one(cancelling, "ClusterRole")) == LEAST_PRIVILEGE | DESCHEDULER_READ | CANCEL
-    assert "--cancel-stuck-evacuations" in container(cancelling)["args"]
-    assert "--cancel-stuck-evacuations" not in container(docs)["args"]  # off by default
+    not_cancelling = render({"cancelStuckEvacuations": {"enabled": False}})
+    assert grants(one(not_cancelling, "ClusterRole")) == LEAST_PRIVILEGE
+    assert "--no-cancel-stuck-evacuations" in container(not_cancelling)["args"]
+    assert not any("cancel-stuck" in a for a in container(docs)["args"])  # on by default: the guard probes
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")
@@ -428,8 +449,10 @@ def test_webhook_configuration_is_installed_last():
                      storage_driver="memory") as cfg, helm.Chart.load(CHART) as c:
         release = cfg.install(c, RELEASE, {}, namespace=NS, dry_run="client")
     kinds = re.findall(r"^kind: (\w+)$", release["manifest"], re.M)
-    assert kinds[-1] == "MutatingWebhookConfiguration"
-    assert kinds.index("Deployment") < kinds.index("MutatingWebhookConfiguration")
+    # after it only the kinds Helm does not order (the admission policy for the guard's own writes)
+    last = kinds.index("MutatingWebhookConfiguration")
+    assert set(kinds[last + 1:]) <= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert kinds.index("Deployment") < last
 
 
 # ---- certificates ----------------------------------------------------------------------------------
@@ -562,7 +585,12 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         "KubevirtEvictionGuardNodeBlockingSustained", "KubevirtEvictionGuardCooldownPinnedAtMaximum",
         "KubevirtEvictionGuardNotReady", "KubevirtEvictionGuardWatchRestartsClimbing",
         "KubevirtEvictionGuardDeschedulerMisconfigured", "KubevirtEvictionGuardCertificateExpiring",
+        "KubevirtEvictionGuardDown", "KubevirtEvictionGuardFailingOpen",
+        "KubevirtEvictionGuardNodeHeld", "KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt",
     }
+    # the API server's count of calls it could not make and let through (tests/test_chart_refusals.py)
+    failing_open = alerts.pop("KubevirtEvictionGuardFailingOpen")
+    assert "apiserver_admission_webhook_fail_open_count{name=" in failing_open["expr"]
     exported = guard_metric_names() | {"up"}
     for name, alert in alerts.items():
         assert alert["labels"]["severity"] and alert["annotations"]["summary"] and alert["for"]
@@ -577,13 +605,18 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
     assert "openshift-kube-descheduler-operator" in fix
     assert 'le="14400.0"' in alerts["KubevirtEvictionGuardCooldownPinnedAtMaximum"]["expr"]  # Python's le spelling
     assert "by (node)" in alerts["KubevirtEvictionGuardNodeBlockingSustained"]["expr"]
+    assert "kubevirt_eviction_guard_held_nodes" in alerts["KubevirtEvictionGuardNodeHeld"]["expr"]
+    held = alerts["KubevirtEvictionGuardNodeHeld"]["annotations"]["description"]
+    assert "virtctl evacuate-cancel" in held and "reason=NodeHeld" in held  # names the fix and where to look
+    assert 'node_limit_above_kubevirt="true"' in alerts["KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt"]["expr"]
 
 
 def test_alerts_can_be_switched_off_one_by_one():
+    (every,) = one(render(MONITORING), "PrometheusRule")["spec"]["groups"]
     values = merge(MONITORING, {"metrics": {"prometheusRule": {"rules": {"cooldownPinned": {"enabled": False}}}}})
     (group,) = one(render(values), "PrometheusRule")["spec"]["groups"]
-    assert "KubevirtEvictionGuardCooldownPinnedAtMaximum" not in {r["alert"] for r in group["rules"]}
-    assert len(group["rules"]) == 5
+    assert {r["alert"] for r in every["rules"]} - {r["alert"] for r in group["rules"]} == {
+        "KubevirtEvictionGuardCooldownPinnedAtMaximum"}
 
 
 # ---- values.schema.json ----------------------------------------------------------------------------
@@ -648,6 +681,7 @@ def test_schema_rejects_bad_values_naming_them(chart, values, complaint):
 # ---- steering: Prometheus URL, token, CA ----------------------------------------------------------
 
 OPENSHIFT_PROMETHEUS = {"prometheus": {"url": "https://thanos-querier.openshift-monitoring.svc:9091",
+                                       "token": {"source": "readerServiceAccount"},
                                        "ca": {"source": "serviceAccount"}, "clusterMonitoringView": True}}
 SECRET_PROMETHEUS = {"prometheus": {"url": "https://prometheus.monitoring.svc:9090", "interval": "15s", "maxAge": "1m",
                                     "token": {"source": "secret", "secret": {"name": "prom-token", "key": "t"}},
@@ -678,11 +712,20 @@ def test_openshift_thanos_querier_values():
     _validate_all(docs)
     args = build_parser().parse_args(["serve", *container(docs)["args"]])
     assert args.prometheus_url == "https://thanos-querier.openshift-monitoring.svc:9091"
-    assert args.prometheus_token_file == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    # the token of a ServiceAccount that can read metrics and nothing else, never the guard's own
+    reader = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-metrics-reader")]
+    assert len(reader) == 1
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["type"] == "kubernetes.io/service-account-token")
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == reader[0]["metadata"]["name"]
+    mounts = {m["name"]: m["mountPath"] for m in container(docs)["volumeMounts"]}
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert args.prometheus_token_file == f"{mounts['prometheus-token']}/token"
+    assert volumes["prometheus-token"]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert "serviceaccount/token" not in " ".join(container(docs)["args"])
     assert args.prometheus_ca == "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt"
     assert args.prometheus_interval == "30s" and args.prometheus_max_age is None
     view = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "cluster-monitoring-view"]
-    assert len(view) == 1 and view[0]["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert len(view) == 1 and view[0]["subjects"][0]["name"] == reader[0]["metadata"]["name"]
     assert "9091" in helm_notes(OPENSHIFT_PROMETHEUS)
 
 
@@ -705,3 +748,180 @@ def test_policy_steering_values_reach_the_config_file(tmp_path):
     (tmp_path / "config.yaml").write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     settings = build_settings(load_config_file(tmp_path / "config.yaml"))
     assert (settings.steering_min_gain, settings.steering_margin) == (8, 2.5)
+
+
+# ---- who may connect, and what a leaked token can do ----------------------------------------------
+
+
+def test_a_network_policy_admits_the_webhook_port_from_anywhere_and_metrics_from_monitoring_by_default():
+    docs = render()
+    policy = one(docs, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook, metrics = policy["spec"]["ingress"]
+    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}]}  # no `from`: the API server's addresses vary
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    [peer] = metrics["from"]
+    assert "openshift-monitoring" in peer["namespaceSelector"]["matchExpressions"][0]["values"]
+    control_plane = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    webhook, _ = one(render({"networkPolicy": {"webhook": {"from": control_plane}}}), "NetworkPolicy")["spec"]["ingress"]
+    assert webhook["from"] == control_plane
+    _validate_all(render({"networkPolicy": {"webhook": {"from": control_plane}}}))
+    assert [d for d in render({"networkPolicy": {"enabled": False}}) if d["kind"] == "NetworkPolicy"] == []
+
+
+@pytest.mark.parametrize("source", ["secret", "configMap"])
+def test_client_ca_value_turns_on_client_certificates(source):
+    assert build_parser().parse_args(["serve", *container(render())["args"]]).client_ca is None
+    docs = render({"clientCA": {"source": source, "name": "apiserver-client-ca", "key": "ca.pem"}})
+    _validate_all(docs)
+    c = container(docs)
+    args = build_parser().parse_args(["serve", *c["args"]])
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert args.client_ca == f"{mounts['client-ca']}/ca.pem"
+    volume = next(v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-ca")
+    assert (volume.get("secret") or {}).get("secretName", (volume.get("configMap") or {}).get("name")) == "apiserver-client-ca"
+    assert c["readinessProbe"]["httpGet"]["port"] == "metrics"  # probes need no client certificate
+    with pytest.raises(helm.HelmError, match="clientCA.name is required"):
+        render({"clientCA": {"source": source}})
+
+
+def test_an_http_prometheus_url_with_a_token_is_refused():
+    for source in ("secret", "readerServiceAccount"):
+        values = {"prometheus": {"url": "http://prometheus.monitoring.svc:9090",
+                                 "token": {"source": source, "secret": {"name": "t", "key": "token"}}}}
+        with pytest.raises(helm.HelmError, match=r"prometheus.url: must be https:// when prometheus.token.source"):
+            render(values)
+    plain = container(render({"prometheus": {"url": "http://prometheus.monitoring.svc:9090"}}))  # no token: fine
+    assert build_parser().parse_args(["serve", *plain["args"]]).prometheus_token_file is None
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, 512),  # 384Mi: half of it at ~384 KiB a connection
+    ({"resources": {"limits": {"memory": "1Gi"}}}, 1365),
+    ({"resources": {"limits": {"memory": "400M"}}}, 508),
+    ({"resources": {"limits": {"memory": "402653184"}}}, 512),
+    ({"resources": {"limits": {"memory": "5Mi"}}}, 8),
+    ({"server": {"maxConnections": 100}}, 100),
+    ({"resources": {"limits": None}}, None),  # no limit: the guard's own default
+])
+def test_the_connection_cap_is_sized_from_the_memory_limit(values, expected):
+    args = build_parser().parse_args(["serve", *container(render(values))["args"]])
+    assert args.max_connections == (expected if expected is not None else build_parser().parse_args(
+        ["serve", "--tls-cert", "c", "--tls-key", "k"]).max_connections)
+
+
+def test_bounds_on_clients_reach_the_guards_flags():
+    args = build_parser().parse_args(["serve", *container(render({"server": {
+        "maxBodyBytes": 32768, "maxHeaderBytes": 8192, "maxHeaders": 50, "tlsHandshakeTimeout": "5s"}}))["args"]])
+    assert (args.max_body_bytes, args.max_header_bytes, args.max_headers, args.tls_handshake_timeout) == (
+        32768, 8192, 50, "5s")
+    defaults = build_parser().parse_args(["serve", *container(render())["args"]])
+    own = build_parser().parse_args(["serve", "--tls-cert", "c", "--tls-key", "k"])
+    for flag in ("max_body_bytes", "max_header_bytes", "max_headers", "tls_handshake_timeout"):
+        assert getattr(defaults, flag) == getattr(own, flag), flag  # the chart's defaults are the guard's
+
+
+# The ValidatingAdmissionPolicy's CEL, evaluated by cel-python (the API server's cel-go is what runs it in a
+# cluster; the end-to-end tests run it there) against pairs of objects as a PATCH by the guard reaches admission.
+EIP_KEY = "descheduler.alpha.kubernetes.io/eviction-in-progress"
+HISTORY_KEY = "kubevirt-eviction-guard.io/migration-history"
+GUARD_USER = f"system:serviceaccount:{NS}:{FULLNAME}"
+
+
+def pod_pair(**new_changes) -> tuple[dict, dict]:
+    old = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "virt-launcher-db-x", "namespace": "vms", "uid": "u1", "resourceVersion": "10",
+                        "labels": {"kubevirt.io": "virt-launcher"}, "annotations": {"kubevirt.io/domain": "db"},
+                        "ownerReferences": [{"kind": "VirtualMachineInstance", "name": "db", "uid": "v1"}],
+                        "managedFields": [{"manager": "virt-controller"}]},
+           "spec": {"nodeName": "node-a", "containers": [{"name": "compute", "image": "virt-launcher:v1"}]},
+           "status": {"phase": "Running"}}
+    new = json.loads(json.dumps(old))
+    new["metadata"]["resourceVersion"] = "11"  # the API server's own changes on every write
+    new["metadata"]["managedFields"].append({"manager": "kubevirt-eviction-guard"})
+    for path, value in new_changes.items():
+        *parents, last = path.split("__")
+        target = new
+        for part in parents:
+            target = target.setdefault(part, {})
+        if value is None:
+            target.pop(last, None)
+        else:
+            target[last] = value
+    return old, new
+
+
+def vap_verdict(old: dict, new: dict, resource: str, user: str = GUARD_USER) -> list[str] | None:
+    """None when the policy does not apply (not the guard); else the messages of the failed validations."""
+    import celpy
+
+    spec = one(render(), "ValidatingAdmissionPolicy")["spec"]
+    env = celpy.Environment()
+
+    def run(expression: str, activation: dict):
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    activation = {"request": celpy.json_to_cel({"resource": {"resource": resource}, "userInfo": {"username": user}}),
+                  "object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
+    if not all(run(c["expression"], activation) for c in spec["matchConditions"]):
+        return None
+    variables = {}
+    for var in spec["variables"]:
+        variables[var["name"]] = run(var["expression"], {**activation, "variables": celpy.celtypes.MapType(variables)})
+    activation["variables"] = celpy.celtypes.MapType(variables)
+    failed = []
+    for rule in spec["validations"]:
+        if not run(rule["expression"], activation):
+            failed.append(str(run(rule["messageExpression"], activation)) if "messageExpression" in rule else rule["message"])
+    return failed
+
+
+@pytest.mark.parametrize(("changes", "allowed"), [
+    ({f"metadata__annotations__{EIP_KEY}": "kubevirt-eviction-guard"}, True),  # what the guard writes
+    ({"metadata__annotations": None}, False),  # dropping kubevirt.io/domain too
+    ({"spec__containers": [{"name": "compute", "image": "evil:latest"}]}, False),
+    ({"metadata__labels__kubevirt.io": "not-a-launcher"}, False),
+    ({"metadata__labels__extra": "x"}, False),
+    ({"metadata__annotations__kubevirt.io/domain": "other"}, False),
+    ({f"metadata__annotations__{HISTORY_KEY}": "[]"}, False),  # the VMI's annotation is not the pod's
+    ({"metadata__ownerReferences": []}, False),
+    ({"metadata__finalizers": ["x"]}, False),
+    ({"status__phase": "Failed"}, False),
+])
+def test_the_admission_policy_lets_the_guard_change_only_its_annotation_on_a_pod(changes, allowed):
+    old, new = pod_pair(**changes)
+    assert (vap_verdict(old, new, "pods") == []) is allowed
+    old_marked = json.loads(json.dumps(new))  # and taking the annotation off again
+    if allowed:
+        assert vap_verdict(old_marked, old, "pods") == []
+    assert vap_verdict(old, new, "pods", user="system:serviceaccount:kube-system:descheduler") is None  # others: n/a
+
+
+def test_the_admission_policy_lets_the_guard_change_only_the_history_annotation_on_a_vmi():
+    vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+           "metadata": {"name": "db", "namespace": "vms", "resourceVersion": "5", "annotations": {"a": "b"}},
+           "spec": {"domain": {"cpu": {"cores": 2}}}, "status": {"nodeName": "node-a"}}
+    history = json.loads(json.dumps(vmi))
+    history["metadata"]["annotations"][HISTORY_KEY] = '[{"end":"2026-11-21T12:00:00Z"}]'
+    history["metadata"]["resourceVersion"] = "6"
+    assert vap_verdict(vmi, history, "virtualmachineinstances") == []
+    eip = json.loads(json.dumps(vmi))
+    eip["metadata"]["annotations"][EIP_KEY] = "x"
+    assert vap_verdict(vmi, eip, "virtualmachineinstances") == [f"kubevirt-eviction-guard may change no annotation but {HISTORY_KEY}"]
+    cores = json.loads(json.dumps(history))
+    cores["spec"]["domain"]["cpu"]["cores"] = 64
+    assert vap_verdict(vmi, cores, "virtualmachineinstances") == ["kubevirt-eviction-guard may not change spec or status"]
+
+
+def test_the_admission_policy_is_bound_and_matches_the_guards_writes():
+    docs = render()
+    policy, binding = one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["operations"]))
+             for r in policy["spec"]["matchConstraints"]["resourceRules"]}
+    assert rules == {(("",), ("pods",), ("UPDATE",)), (("kubevirt.io",), ("virtualmachineinstances",), ("UPDATE",))}
+    assert GUARD_USER == f"system:serviceaccount:{NS}:{one(docs, 'ServiceAccount')['metadata']['name']}"
+    assert [d for d in render({"validatingAdmissionPolicy": {"enabled": False}})
+            if d["kind"].startswith("ValidatingAdmissionPolicy")] == []

@@ -119,3 +119,13 @@ def test_cap_below_floor_message_shows_values_never_none(values, shown) -> None:
 @pytest.mark.parametrize("raw, honored", [(True, True), (False, False), ("true", True), ("False", False), (None, True)])
 def test_honor_prefer_no_eviction(raw, honored) -> None:
     assert build_settings({"honorPreferNoEviction": raw}).honor_prefer_no_eviction is honored
+
+
+@pytest.mark.parametrize("raw, refused", [(True, True), (False, False), ("false", False), (None, True)])
+def test_refuse_not_migratable(raw, refused) -> None:
+    assert build_settings({"refuseNotMigratable": raw}).refuse_not_migratable is refused
+
+
+def test_refuse_not_migratable_must_be_a_boolean() -> None:
+    with pytest.raises(SettingsError, match="refuseNotMigratable"):
+        build_settings({"refuseNotMigratable": "sometimes"})

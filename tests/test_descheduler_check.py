@@ -10,6 +10,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from app.cluster.descheduler import DeschedulerCheck, background_evictions, config_labels
+from app.domain.records import KubeVirtRecord
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -146,9 +147,25 @@ def test_config_labels_of_the_kubevirt_profile():
         "eviction_limit_total": "5", "eviction_limit_node": "2",  # the operator's defaults for this profile
         "migration_aware_plugin": "true", "background_evictions_by": "profile",
         "migration_cooldown": "30m", "max_migration_cooldown": "", "migration_history_window": "",
+        "kubevirt_parallel_outbound_per_node": "", "node_limit_above_kubevirt": "unknown",  # no KubeVirt CR known
     }
     obj["spec"]["evictionLimits"] = {"total": 10, "node": 3}
     assert (config_labels(obj)["eviction_limit_total"], config_labels(obj)["eviction_limit_node"]) == ("10", "3")
+
+
+def test_node_limit_against_kubevirt_parallel_outbound_migrations():
+    """OpenShift Virtualization installs parallelOutboundMigrationsPerNode 1 while the profile lets 2 VMs leave a node."""
+    obj = kubedescheduler(None, profiles=("KubeVirtRelieveAndMigrate",))
+    hco = KubeVirtRecord("openshift-cnv", "kubevirt-kubevirt-hyperconverged", parallel_outbound_per_node=1)
+    labels = config_labels(obj, hco)
+    assert (labels["eviction_limit_node"], labels["kubevirt_parallel_outbound_per_node"],
+            labels["node_limit_above_kubevirt"]) == ("2", "1", "true")
+    upstream = KubeVirtRecord("kubevirt", "kubevirt")  # unset: KubeVirt's default 2
+    assert config_labels(obj, upstream)["node_limit_above_kubevirt"] == "false"
+    obj["spec"]["evictionLimits"] = {"node": 1}  # replaces LowNodeUtilization's evictionLimits.node as well
+    assert config_labels(obj, hco)["node_limit_above_kubevirt"] == "false"
+    assert config_labels(kubedescheduler(True, profiles=("LifecycleAndUtilization",)), hco)[
+        "node_limit_above_kubevirt"] == "true"  # no per-node limit at all
 
 
 def test_config_labels_of_another_profile():

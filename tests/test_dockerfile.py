@@ -1,8 +1,9 @@
 """The Dockerfile, parsed by BuildKit's own parser (the `dockerfile` package); no Docker engine is needed.
 
 The image itself is not built here (no engine on these machines); these tests hold the Dockerfile to its promises:
-multi-stage, slim base, pinned dependencies, nothing compiled or compilable in the final image, a numeric non-root
-user, and `kubevirt-eviction-guard serve` as the entrypoint.
+multi-stage, a slim base pinned by digest, dependencies pinned with hashes, nothing compiled, compilable or
+installable in the final image (no pip, setuptools or wheel), a numeric non-root user, and
+`kubevirt-eviction-guard serve` as the entrypoint.
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ def test_multi_stage_on_a_slim_python_base():
     build, final = all_stages[0], all_stages[-1]
     assert [v.lower() for v in build[0].value[1:]] == ["as", "build"]
     for stage in (build, final):
-        assert re.fullmatch(r"python:3\.\d+-slim(-\w+)?", base_image(stage)), base_image(stage)
-    # the Python the constraints were frozen with is the image's Python
+        # a slim tag, pinned by the digest of its image index: a moved tag cannot change what is built
+        assert re.fullmatch(r"python:3\.\d+(\.\d+)?-slim(-\w+)?@sha256:[0-9a-f]{64}", base_image(stage)), base_image(stage)
+    # the Python the constraints were compiled with is the image's Python
     import sys
 
-    assert base_image(final).startswith(f"python:{sys.version_info.major}.{sys.version_info.minor}-")
+    assert base_image(final).startswith(f"python:{sys.version_info.major}.{sys.version_info.minor}.")
 
 
 def test_final_stage_copies_only_the_virtualenv_from_the_build_stage():
@@ -79,7 +81,11 @@ def test_no_build_tools_in_the_final_image():
             assert not COMPILERS.search(text), cmd.original
     build_runs = " ".join(" ".join(c.value) for c in stages()[0] if c.cmd == "RUN")
     assert "--only-binary=:all:" in build_runs, "dependencies come as wheels: nothing to compile"
-    assert "pip uninstall --yes pip" in build_runs, "no installer left in the copied virtualenv"
+    assert "python -m venv --without-pip /opt/guard" in build_runs, "no installer in the copied virtualenv"
+    final_runs = " ".join(" ".join(c.value) for c in final if c.cmd == "RUN")
+    # nor in the base image's own Python (pip, setuptools, wheel, ensurepip's bundled copies), checked at build time
+    assert "pip uninstall --yes pip setuptools wheel" in final_runs and "ensurepip" in final_runs
+    assert '! python -c "import pip"' in final_runs and '! python -c "import setuptools"' in final_runs
 
 
 def test_runs_as_a_numeric_non_root_user():
@@ -107,14 +113,18 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pins() -> dict[str, str]:
+def pins(file: str = "constraints.txt") -> dict[str, str]:
+    """name -> version; every requirement an exact pin with at least one sha256 hash (pip-compile's format)."""
     out = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            name, sep, version = line.partition("==")
-            assert sep, f"constraints.txt: not an exact pin: {line!r}"
-            out[canonical(name)] = version
+    for requirement in re.sub(r"\\\n", " ", (ROOT / file).read_text()).splitlines():
+        requirement = requirement.strip()
+        if not requirement or requirement.startswith("#"):
+            continue
+        spec, *hashes = requirement.split(" --hash=")
+        name, sep, version = spec.strip().partition("==")
+        assert sep, f"{file}: not an exact pin: {requirement!r}"
+        assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h.strip()) for h in hashes), f"{file}: {name}"
+        out[canonical(name)] = version.strip()
     return out
 
 
@@ -139,13 +149,20 @@ def runtime_closure() -> set[str]:
     return seen
 
 
-def test_dependencies_are_installed_from_exact_pins():
+def test_dependencies_are_installed_from_exact_pins_with_hashes():
     runs = " ".join(" ".join(c.value) for c in stages()[0] if c.cmd == "RUN")
-    install = next(part for part in runs.split("&&") if "/opt/guard/bin/pip install" in part)
-    words = shlex.split(install)
-    assert "--constraint" in words and words[words.index("--constraint") + 1] == "constraints.txt"
+    installs = [shlex.split(part) for part in runs.split("&&") if " install " in part]
+    by_file = {words[words.index("-r") + 1]: words for words in installs if "-r" in words}
+    assert set(by_file) == {"constraints.txt", "build-constraints.txt"}
+    for words in by_file.values():
+        assert "--require-hashes" in words and "--no-deps" in words  # exactly the pinned files, hashes checked
+    assert by_file["constraints.txt"][by_file["constraints.txt"].index("--python") + 1] == "/opt/guard/bin/python"
+    project = [words for words in installs if "-r" not in words]
+    assert project and all("--no-index" in w and "--no-deps" in w for w in project)  # only the wheel built here
     copied = [c for c in stages()[0] if c.cmd == "COPY"]
-    assert any("constraints.txt" in c.value for c in copied)
+    assert any({"constraints.txt", "build-constraints.txt"} <= set(c.value) for c in copied)
+    assert set(pins("build-constraints.txt")) == {"setuptools"}
+    assert "pytest" not in pins(), "test tools stay out of the image"
     pinned = pins()
     missing = sorted(runtime_closure() - set(pinned))
     assert missing == [], f"runtime dependencies without a pin in constraints.txt: {missing}"

@@ -94,3 +94,13 @@ def test_nothing_tracked_points_outside_the_repository_or_at_a_machine():
         if outside.search(text):
             offenders.append(path.relative_to(ROOT).as_posix())
     assert not offenders, f"tracked files pointing outside the repository or at a machine: {offenders}"
+
+
+def test_the_license_is_the_full_apache_2_0_text():
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    for part in ("TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION", "9. Accepting Warranty or Additional "
+                 "Liability.", "END OF TERMS AND CONDITIONS", "APPENDIX: How to apply the Apache License to your work."):
+        assert part in text, part
+    assert len(text.splitlines()) > 190
+    assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.builders import FIXTURES, failing_evacuation, mstate, node, pod, ts, vmi, vmim
+from tests.builders import FIXTURES, condition, failing_evacuation, mstate, node, pod, ts, vmi, vmim
 from tests.guard_process import GuardProcess
 
 ADMISSION = FIXTURES / "admission"
@@ -35,9 +35,23 @@ OBJECTS = [
     pod("shy", "worker-b", name="virt-launcher-shy", annotations={PREFER_NO_EVICTION: ""}),
     vmi("rested", "worker-c", migration=mstate("m-old", "worker-a", "worker-c", start=40, end=30)),  # cooldown over
     pod("rested", "worker-c", name="virt-launcher-rested"),
-    # a descheduler-caused evacuation that failed 3 times (rule 5a)
-    vmi("stuck", "worker-c", evacuation="worker-c", annotations={"kubevirt.io/eviction-source": "descheduler"}),
-    pod("stuck", "worker-c", name="virt-launcher-stuck"), *failing_evacuation("stuck", "worker-c", 3),
+    # a descheduler-caused evacuation that failed 3 times (rule 5a), and a VM beside it on its node (rule 8)
+    node("worker-d"),
+    vmi("stuck", "worker-d", evacuation="worker-d", annotations={"kubevirt.io/eviction-source": "descheduler"}),
+    pod("stuck", "worker-d", name="virt-launcher-stuck"), *failing_evacuation("stuck", "worker-d", 3),
+    vmi("beside", "worker-d"), pod("beside", "worker-d", name="virt-launcher-beside"),
+    # a VM that cannot live-migrate (rule 7n), and one whose migration waits for a backup (rule 6)
+    node("worker-e"),
+    vmi("pinned-disk", "worker-e", strategy="LiveMigrateIfPossible",
+        migratable=("False", "DisksNotLiveMigratable", "cannot migrate VMI: PVC pd is not shared")),
+    pod("pinned-disk", "worker-e", name="virt-launcher-pinned-disk"),
+    vmi("backed-up", "worker-e", evacuation="worker-e", annotations={"kubevirt.io/eviction-source": "descheduler"}),
+    pod("backed-up", "worker-e", name="virt-launcher-backed-up"), *failing_evacuation("backed-up", "worker-e", 3),
+    vmim("backed-up-e3", "backed-up", "Pending", 1, evacuation="worker-e", priority="system-maintenance",
+         conditions=[condition("migrationBlockedByBackup", "BackupInProgress", "Waiting for backup nightly to complete")]),
+    # the source side of a decentralized migration, not finished (rule 6)
+    vmi("sent", "worker-b"), pod("sent", "worker-b", name="virt-launcher-sent"),
+    vmim("sent-away", "sent", "Synchronizing", 1, send_to=True),
 ]
 
 # fixture -> (allowed, reason, dry run)
@@ -228,13 +242,45 @@ def test_prefer_no_eviction_denial_over_the_wire(client) -> None:
 
 def test_stuck_evacuation_denial_over_the_wire(client) -> None:
     resp = plain_denial(post(client, descheduler_review("virt-launcher-stuck")), "evacuation_stuck")
-    assert 'the evacuation of VMI "vms/stuck" from node "worker-c" is stuck (3 failed attempts' in resp["status"]["message"]
+    assert 'the evacuation of VMI "vms/stuck" from node "worker-d" is stuck (3 failed attempts' in resp["status"]["message"]
     plain = admin_review("virt-launcher-stuck")  # an admin's eviction of the same VM still gets the background text
     resp = post(client, plain).json()["response"]
     assert resp["auditAnnotations"]["reason"] == "evacuation_pending"
     assert "Evacuation in progress: Eviction triggered evacuation" in resp["status"]["message"]
     metrics = client.get("/metrics").text
-    assert 'kubevirt_eviction_guard_blocks_total{namespace="vms",node="worker-c",reason="evacuation_stuck"} 1.0' in metrics
+    assert 'kubevirt_eviction_guard_blocks_total{namespace="vms",node="worker-d",reason="evacuation_stuck"} 1.0' in metrics
+
+
+def test_a_vm_beside_a_stuck_evacuation_is_refused_over_the_wire(client) -> None:
+    resp = plain_denial(post(client, descheduler_review("virt-launcher-beside")), "node_busy")
+    assert ('node "worker-d" already has 1 VM(s) leaving (vms/stuck (stuck: 3 failed attempts in 15m0s)); '
+            "retry after they finish") in resp["status"]["message"]
+    assert post(client, admin_review("virt-launcher-beside")).json()["response"]["allowed"] is True  # not in scope
+
+
+def test_not_migratable_denial_over_the_wire(client) -> None:
+    resp = plain_denial(post(client, descheduler_review("virt-launcher-pinned-disk")), "not_migratable")
+    assert "LiveMigratable False: DisksNotLiveMigratable: cannot migrate VMI: PVC pd is not shared" in resp["status"]["message"]
+    assert "would be shut down" in resp["status"]["message"] and "cannot live-migrate" in resp["warnings"][0]
+    # a drain (an admin's eviction here) is never held back by it
+    assert post(client, admin_review("virt-launcher-pinned-disk")).json()["response"]["allowed"] is True
+    metrics = client.get("/metrics").text
+    assert 'kubevirt_eviction_guard_decisions_total{decision="denied",reason="not_migratable"}' in metrics
+
+
+def test_a_backup_blocked_evacuation_is_waiting_not_stuck_over_the_wire(client) -> None:
+    resp = post(client, descheduler_review("virt-launcher-backed-up")).json()["response"]
+    assert resp["auditAnnotations"]["reason"] == "migration_in_progress"  # background text: the descheduler waits
+    assert ('Evacuation in progress: Eviction triggered evacuation of VMI "vms/backed-up": migration vms/backed-up-e3 is '
+            "Pending; waiting: migrationBlockedByBackup (BackupInProgress: Waiting for backup nightly to complete)"
+            ) in resp["status"]["message"]
+
+
+def test_an_unfinished_decentralized_migration_is_in_flight_over_the_wire(client) -> None:
+    resp = post(client, admin_review("virt-launcher-sent")).json()["response"]
+    assert resp["auditAnnotations"]["reason"] == "migration_in_progress"
+    assert "decentralized migration (sendTo: leaving for another namespace or cluster) vms/sent-away is Synchronizing" in \
+        resp["status"]["message"]
 
 
 def cooldown_observations(client) -> float:
@@ -285,6 +331,22 @@ def test_tls_below_1_2_is_refused(guard) -> None:
     with socket.create_connection(("127.0.0.1", guard.port), timeout=5) as raw:
         with pytest.raises(ssl.SSLError):
             ctx.wrap_socket(raw, server_hostname="localhost")
+
+
+@pytest.mark.parametrize("suite", ["ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA", "ECDHE-ECDSA-AES128-SHA256"])
+def test_tls_1_2_offers_no_cbc_suite(guard, suite) -> None:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(suite)
+    with socket.create_connection(("127.0.0.1", guard.port), timeout=5) as raw:
+        with pytest.raises(ssl.SSLError):
+            ctx.wrap_socket(raw, server_hostname="localhost")
+    ctx.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")  # an AEAD suite: fine
+    with socket.create_connection(("127.0.0.1", guard.port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            assert tls.cipher()[0] == "ECDHE-ECDSA-AES128-GCM-SHA256"
 
 
 def test_server_clock_matches_builders() -> None:

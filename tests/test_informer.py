@@ -339,3 +339,51 @@ def test_a_silent_watch_is_presumed_dead_and_reopened(api, guard):
     assert watch.health().stale == frozenset() and "node" not in watch.readiness_detail()
     api.put(o.node("worker-c"))
     eventually(lambda: watch.store.node("worker-c"), what="a change after the reopen")
+
+
+# ---- the optional KubeVirt CR ---------------------------------------------------------------------------
+
+
+def kubevirt_cr(strategy: str, outbound: int | None = None) -> dict:
+    migrations = {} if outbound is None else {"parallelOutboundMigrationsPerNode": outbound}
+    return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"configuration": {"evictionStrategy": strategy, "migrations": migrations}}}
+
+
+def test_the_kubevirt_cr_is_watched_and_a_change_reaches_a_decision(api, guard):
+    """A VMI without its own evictionStrategy: the CR's default decides rule 7n, live."""
+    seed(api)
+    own = o.vmi(NS, VMI, node="worker-a", created=time.time() - 86400)
+    del own["spec"]["evictionStrategy"]
+    api.put(own)
+    api.put(kubevirt_cr("LiveMigrate", outbound=1))
+    watch, http, _ = guard()
+    eventually(lambda: watch.store.kubevirt() is not None, what="the KubeVirt CR")
+    assert watch.store.kubevirt().effective_outbound_per_node == 1 and reason(http) == "allowed"
+    api.put(kubevirt_cr("None"))
+    eventually(lambda: watch.store.kubevirt().effective_eviction_strategy == "None", what="the change")
+    assert reason(http) == "not_migratable", decide(http)
+    assert watch.store.kubevirt().effective_outbound_per_node == 2  # unset again: KubeVirt's default
+
+
+@pytest.mark.parametrize("how", ["forbidden", "absent"])
+def test_an_unreadable_kubevirt_cr_never_holds_readiness_and_rules_fail_open(api, guard, caplog, how):
+    seed(api)
+    own = o.vmi(NS, VMI, node="worker-a", created=time.time() - 86400)
+    del own["spec"]["evictionStrategy"]  # the cluster's default would decide, if it could be read
+    api.put(own)
+    api.put(kubevirt_cr("None"))
+    if how == "forbidden":
+        api.forbid("kubevirt")
+    else:
+        api.delete("kubevirt", "kubevirt", "kubevirt")
+    caplog.set_level(logging.INFO, logger="kubevirt_eviction_guard.cluster")
+    watch, http, metrics = guard()
+    eventually(lambda: http.get("/readyz").status_code == 200, what="readiness without the KubeVirt CR")
+    assert "kubevirt" not in http.get("/readyz").json().get("notSynced", {})
+    assert watch.store.kubevirt() is None and reason(http) == "allowed"  # no CR known: rule 7n fails open
+    if how == "forbidden":
+        eventually(lambda: restarts(metrics, "kubevirt", "forbidden") >= 1, what="the 403 to be counted")
+        said = [r for r in caplog.records if getattr(r, "kind", None) == "kubevirt"]
+        assert said and all(r.levelno == logging.INFO for r in said), [r.getMessage() for r in said]
+        assert "optional: the rules that read it fail open" in said[0].getMessage()

@@ -64,16 +64,25 @@ def test_flush_close_and_the_timer_write_what_is_pending() -> None:
 
 
 def test_lines_beyond_the_limit_are_dropped_and_counted_not_held(monkeypatch) -> None:
+    """The limit is in bytes: one huge line cannot hold a 50,000-line queue's worth of memory, and small
+    lines still fit after it is refused."""
     import app.logs
 
-    monkeypatch.setattr(app.logs, "MAX_PENDING", 3)
+    monkeypatch.setattr(app.logs, "MAX_PENDING_BYTES", 2000)
     h, stream, lg = handler()
-    for i in range(5):
+    for i in range(3):
+        lg.info(f"line {i}")
+    lg.info("huge " + "x" * 5000)
+    lg.info("line 3")
+    for i in range(4, 30):
         lg.info(f"line {i}")
     h.flush()
     text = stream.getvalue()
-    assert [f"line {i}" in text for i in range(5)] == [True, True, True, False, False]
-    assert '"msg":"2 log lines dropped: stderr was not being read"' in text and '"level":"warning"' in text
+    assert "huge" not in text
+    kept = [i for i in range(30) if f'"line {i}"' in text]
+    assert kept == list(range(len(kept))) and 4 <= len(kept) < 30, kept  # in order, as many as fit in 2000
+    assert f'"msg":"{30 - len(kept) + 1} log lines dropped: stderr was not being read"' in text
+    assert '"level":"warning"' in text
     h.close()
 
 

@@ -133,7 +133,7 @@ def test_explain_shows_the_ranking(prometheus, snapshot_file, capsys) -> None:
     code = cli_main(["explain", "-n", "vms", "--pod", "virt-launcher-db-abcde", "--snapshot", str(snapshot_file),
                      "--now", rfc3339(prometheus.at), "--prometheus-url", prometheus.url])
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == 1  # denied
     assert "reason: better_candidate" in out
     ranks = [line.split()[1] for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert ranks == ["vms/big", "vms/web", "vms/db"]
@@ -161,8 +161,10 @@ def test_bad_prometheus_flags_stop_start_up(snapshot_file, tmp_path, capsys) -> 
     base[2], base[4] = str(certs["cert"]), str(certs["key"])
     for extra, text in ((["--prometheus-url", "thanos:9091"], "--prometheus-url: must be an http(s) URL"),
                         (["--prometheus-url", "http://p:9090", "--prometheus-interval", "0s"], "--prometheus-interval"),
-                        (["--prometheus-url", "http://p:9090", "--prometheus-token-file", str(tmp_path / "none")],
+                        (["--prometheus-url", "https://p:9090", "--prometheus-token-file", str(tmp_path / "none")],
                          "--prometheus-token-file"),
+                        (["--prometheus-url", "http://p:9090", "--prometheus-token-file", str(certs["ca"])],
+                         "--prometheus-url: must be https:// when --prometheus-token-file is given"),
                         (["--prometheus-url", "http://p:9090", "--prometheus-ca", str(snapshot_file)], "--prometheus-ca"),
                         (["--steering-min-gain", "120"], "steeringMinGain")):
         assert cli_main([*base, *extra]) == 2

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import io
-
 from app.cluster.store import ClusterStore
 from app.domain.records import migration_from_object, vmi_from_object
-from app.inspect import migration_history, write_history
+from app.inspect import migration_history
+from app.inspect.report import history_row, history_text
 from tests.fakeapi import objects as o
 
 NS = "vms"
@@ -38,7 +37,7 @@ def test_each_migration_with_its_cause_annotations_route_and_outcome():
             target_node="node-b"),
         mig("m4", None, phase="Running", priority="system-maintenance", evacuation_node="node-b"),
     )
-    rows = migration_history(store, store.vmi(NS, "db"))
+    rows = [history_row(h) for h in migration_history(store, store.vmi(NS, "db"))]
     # newest first: the running one, then by end time
     assert [r[-1] for r in rows] == ["m4", "m3b", "m3", "m2", "m1"]
     running, update, user, desched, drain = rows
@@ -55,7 +54,9 @@ def test_each_migration_with_its_cause_annotations_route_and_outcome():
 def test_a_migration_whose_vmim_is_gone_comes_from_the_vmi():
     store = store_with(o.vmi(NS, "db", node="node-b", uid="uid-db", migration=o.migration_state(
         start=NOW - 900, end=NOW - 600, source_node="node-a", target_node="node-b", uid="uid-gc", failed=True)))
-    [row] = migration_history(store, store.vmi(NS, "db"))
+    [entry] = migration_history(store, store.vmi(NS, "db"))
+    assert entry["migration"] is None and entry["priority"] is None and entry["annotations"] == []
+    row = history_row(entry)
     assert row[1:6] == ["unknown", "-", "-", "node-a -> node-b", "Failed"] and "VMIM gone" in row[6]
 
 
@@ -63,13 +64,9 @@ def test_only_the_last_five_and_the_section_in_the_report():
     store = store_with(o.vmi(NS, "db", node="node-a", uid="uid-db"),
                        *[mig(f"m{i}", 1000 * i, priority="system-critical") for i in range(1, 8)])
     rows = migration_history(store, store.vmi(NS, "db"))
-    assert [r[-1] for r in rows] == ["m1", "m2", "m3", "m4", "m5"]
-    out = io.StringIO()
-    write_history(store, out)
-    text = out.getvalue()
+    assert [r["migration"] for r in rows] == ["m1", "m2", "m3", "m4", "m5"]
+    text = history_text([dict(namespace=NS, vmi="db", **r) for r in rows])
     assert "system-maintenance = descheduler" in text
     lines = [line for line in text.splitlines() if line.startswith("  vms/db ")]
     assert len(lines) == 5 and all(" evacuation " in line for line in lines)
-    empty = io.StringIO()
-    write_history(store_with(o.vmi(NS, "db", node="node-a", uid="uid-db")), empty)
-    assert empty.getvalue().rstrip().endswith("none")
+    assert history_text([]).rstrip().endswith("none")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,8 @@ def test_cli_runs_seeds_and_modes_writes_summary_json_plots_csv_and_the_readme(t
     scenario = tmp_path / "s.yaml"
     scenario.write_text(json.dumps(HOT_NODE), encoding="utf-8")
     readme = tmp_path / "README.md"
-    readme.write_text("# project\n\nintro\n", encoding="utf-8")
+    readme.write_text("# project\n\nintro\n\n<!-- simulate:begin -->\nold\n<!-- simulate:end -->\n\nafter\n",
+                      encoding="utf-8")
     out_dir = tmp_path / "out"
     args = ["simulate", "--scenario", str(scenario), "--seeds", "1-2", "--modes", "upstream,upstream+guard",
             "--out", str(out_dir), "--format", "csv", "--readme", str(readme), "--jobs", "1"]
@@ -136,11 +138,18 @@ def test_cli_runs_seeds_and_modes_writes_summary_json_plots_csv_and_the_readme(t
     try:
         import matplotlib  # noqa: F401  (the optional 'sim' extra)
     except ImportError:
-        assert "no plots: install the 'sim' extra" in out
+        assert "(no plots: matplotlib is not installed; install it with: " in out
     else:
         assert (out_dir / "hot-node-timeline.png").stat().st_size > 1000
+    # the modes, the files and the simplifications: once, in the output folder, not on the terminal
+    assert "Only virt-launcher pods" not in out and f"wrote {out_dir / 'README.md'}" in out
+    notes = (out_dir / "README.md").read_text()
+    assert "| `upstream+guard` | upstream descheduler" in notes and "the guard with its default settings" in notes
+    assert "- `summary.json`: every number" in notes and "- `migrations.csv`: every migration" in notes
+    assert "## Simplifications of the model" in notes and "Only virt-launcher pods" in notes
     text = readme.read_text()
     assert text.startswith("# project\n\nintro\n") and text.count("<!-- simulate:begin -->") == 1
+    assert "old" not in text and text.endswith("<!-- simulate:end -->\n\nafter\n")
     assert "--seeds 1-2" in text
 
 
@@ -202,3 +211,19 @@ def test_candidate_longrest_holds_the_node_an_hour_after_its_departure():
     assert s["descheduler_outcomes"]["node_cooldown"] >= 1
     d, s = run("upstream+guard-nodecool")  # 15 min: over by 3900 s
     assert [(r.start, r.end) for r in d.runs] == [(300, 318), (3900, 3918)]
+
+
+def test_without_matplotlib_the_exact_install_command_is_named(tmp_path, capsys, monkeypatch):
+    from app.sim import run as sim_run
+
+    command = sim_run.install_command()
+    assert command.startswith(sys.executable) and command.endswith("-m pip install 'matplotlib>=3.8'")
+    monkeypatch.setattr(sim_run, "plotting_available", lambda: False)  # as after `make run`: no 'sim' extra
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(json.dumps(HOT_NODE), encoding="utf-8")
+    assert main(["simulate", "--scenario", str(scenario), "--modes", "upstream", "--jobs", "1",
+                 "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"kubevirt-eviction-guard simulate: no plots: matplotlib is not installed; install it with: {command}\n"
+    assert f"(no plots: matplotlib is not installed; install it with: {command})" in out
+    assert not list((tmp_path / "out").glob("*.png"))

@@ -3,6 +3,8 @@ guard deciding with the real policy on the store KubeVirt publishes into."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from app.domain.records import vmi_from_object
@@ -19,7 +21,7 @@ def mode(name, kv, guard=SETTINGS):
 
 
 def test_modes_are_baselines_with_optional_guard_variants():
-    assert MODES == ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
+    assert MODES == ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard", "upstream+guard-nocancel")
     assert parse_mode("off").baseline == parse_mode("upstream").baseline
     assert parse_mode("profile+guard").baseline.plugin and parse_mode("profile+guard").guard is not None
     assert parse_mode("node-limit-1").baseline.eviction_limit_node == 1
@@ -140,15 +142,21 @@ def test_cancel_clears_the_mark_but_not_a_created_vmim_and_is_refused_on_a_drain
     assert kv.cancel_evacuation(b, "n0", 5) is False and b.evacuation_node == "n0"
 
 
-def test_guard_cancel_mode_cancels_stuck_descheduler_evacuations_only():
+def test_the_default_guard_cancels_stuck_descheduler_evacuations_only():
     from app.sim.engine import Simulation
     from app.sim.scenario import load_scenario
 
     sc = load_scenario("examples/scenarios/failing-migrations.yaml")
-    plain = Simulation(sc, "upstream+guard", hours=4).run()
-    sim = Simulation(sc, "upstream+guard-cancel", hours=4)
+    plain = Simulation(sc, "upstream+guard-nocancel", hours=4).run()
+    sim = Simulation(sc, "upstream+guard", hours=4)
     cancelling = sim.run()
     assert plain.evacuations_cancelled == 0 and cancelling.evacuations_cancelled > 0
-    assert sum(r.failed for r in cancelling.runs) < sum(r.failed for r in plain.runs)
+
+    def most_failures_of_one_vm(runs) -> int:
+        return max(Counter(r.vm for r in runs if r.failed).values())
+
+    # without the canceller KubeVirt retries a VM that never converges on and on; with it, the mark goes after
+    # evacuationStaleAfterFailures attempts (3) and only the retry already queued still runs
+    assert most_failures_of_one_vm(cancelling.runs) <= 3 + 2 < most_failures_of_one_vm(plain.runs)
     assert all(r.cause == "descheduler" for r in cancelling.runs)  # no drain in this scenario to protect
-    assert parse_mode("profile+guard-cancel").guard.cancel and not parse_mode("profile+guard").guard.cancel
+    assert parse_mode("profile+guard").guard.cancel and not parse_mode("profile+guard-nocancel").guard.cancel

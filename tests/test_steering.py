@@ -116,10 +116,12 @@ def test_build_snapshot_from_query_results() -> None:
 def test_the_token_is_sent_and_read_again_every_round(tmp_path) -> None:
     """A stand-in for thanos-querier's auth proxy on 127.0.0.1: 401 unless the bearer token is the current one."""
     import json
+    import ssl
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from app.metricsource.prometheus import PrometheusSource
+    from app.tls import issue_certs, write_certs
 
     seen: list[str] = []
     valid = {"token": "first"}
@@ -142,10 +144,15 @@ def test_the_token_is_sent_and_read_again_every_round(tmp_path) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    certs = write_certs(issue_certs("prometheus", "monitoring"), tmp_path / "certs")  # a token goes over https only
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(certs["cert"], certs["key"])
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     token = tmp_path / "token"
     token.write_text("first\n")
-    source = PrometheusSource(f"http://127.0.0.1:{server.server_port}", token_file=str(token), clock=lambda: 1000.0)
+    source = PrometheusSource(f"https://127.0.0.1:{server.server_port}", token_file=str(token),
+                              ca_file=str(certs["ca"]), clock=lambda: 1000.0)
     try:
         source.poll_once()
         assert source.current().error == "" and seen[-1] == "Bearer first"

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from app.cluster.store import ClusterStore
-from app.domain.kinds import NODE, POD, VMI, VMIM
-from app.domain.records import MigrationState, NodeRecord, VMIRecord, migration_from_object, pod_from_object
+from app.domain.kinds import KUBEVIRT, NODE, POD, VMI, VMIM
+from app.domain.records import (
+    KubeVirtRecord,
+    MigrationState,
+    NodeRecord,
+    VMIRecord,
+    migration_from_object,
+    pod_from_object,
+)
 from tests.fakeapi import objects as o
 
 
@@ -23,16 +30,19 @@ def test_upsert_query_delete_each_kind():
     s.upsert(pod_from_object(o.launcher_pod("a", "v1", "n1", name="p1")))
     s.upsert(NodeRecord("n1", False))
     s.upsert(_vmim("a", "m1", "v1", phase="Running"))
+    s.upsert(KubeVirtRecord("kubevirt", "kubevirt", parallel_outbound_per_node=1))
     assert s.vmi("a", "v1").name == "v1" and s.pod("a", "p1").vmi_name == "v1" and s.node("n1")
+    assert s.kubevirt().effective_outbound_per_node == 1 and s.kubevirt().effective_per_cluster == 5
     assert [m.name for m in s.migrations("a", "v1")] == ["m1"] and s.unfinished_migration("uid-m1").name == "m1"
-    assert s.counts() == {VMI: 1, VMIM: 1, POD: 1, NODE: 1}
+    assert s.counts() == {VMI: 1, VMIM: 1, POD: 1, NODE: 1, KUBEVIRT: 1}
     assert s.vmi("b", "v1") is None and s.pod("a", "nope") is None and s.migrations("b", "v1") == ()
     s.delete(POD, ("a", "p1"))
     s.delete(VMIM, ("a", "m1"))
     s.delete(VMI, ("a", "v1"))
     s.delete(NODE, "n1")
+    s.delete(KUBEVIRT, ("kubevirt", "kubevirt"))
     s.delete(POD, ("a", "never-there"))
-    assert s.counts() == {VMI: 0, VMIM: 0, POD: 0, NODE: 0}
+    assert s.counts() == {VMI: 0, VMIM: 0, POD: 0, NODE: 0, KUBEVIRT: 0} and s.kubevirt() is None
     assert s.unfinished_migration("uid-m1") is None and s.vmis() == [] and s.pods() == []
 
 

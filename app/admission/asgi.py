@@ -55,8 +55,10 @@ class AdmissionEndpoint:
         except Exception:  # answer() fails open on policy errors; anything else is a bug: say so, in JSON
             log.exception("admission endpoint failed")
             status, payload = 500, INTERNAL_ERROR
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [*JSON_HEADERS, (b"content-length", str(len(payload)).encode())]})
+        headers = [*JSON_HEADERS, (b"content-length", str(len(payload)).encode())]
+        if body is None:  # over the limit: the rest of it is not read, and the client does not get to send more
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
     async def _read(self, receive: Callable, length: bytes | None) -> bytes | None | bool:

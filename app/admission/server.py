@@ -29,7 +29,7 @@ from app.policy.model import Decision, PolicySettings, Reason
 
 log = logging.getLogger("kubevirt_eviction_guard.admission")
 JSON = "application/json"
-DEFAULT_MAX_BODY = 1 << 20
+DEFAULT_MAX_BODY = 64 * 1024  # an eviction review is a few KiB
 
 
 @dataclass

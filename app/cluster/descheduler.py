@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, watch
@@ -41,6 +42,8 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Gauge
 from urllib3.exceptions import HTTPError
 
+from app.domain.descheduler import descheduler_from_object, node_limit_mismatch
+from app.domain.records import KubeVirtRecord
 from app.metrics import PREFIX
 
 log = logging.getLogger("kubevirt_eviction_guard.descheduler")
@@ -50,57 +53,26 @@ DEFAULT_NAMESPACE = "openshift-kube-descheduler-operator"
 OBJECT_NAME = "cluster"
 ENABLED, DISABLED, UNKNOWN = "enabled", "disabled", "unknown"
 STATES = (ENABLED, DISABLED, UNKNOWN)
-# the profiles for which the operator turns EvictionsInBackground on by itself, and which carry the
-# KubevirtMigrationAware evictor plugin (DevKubeVirtRelieveAndMigrate: deprecated in 4.20, same profile)
-KUBEVIRT_PROFILES = ("KubeVirtRelieveAndMigrate", "DevKubeVirtRelieveAndMigrate")
-# the operator's limits for those profiles when spec.evictionLimits leaves them unset
-# (KubeVirt's parallelMigrationsPerCluster and parallelOutboundMigrationsPerNode defaults)
-KUBEVIRT_LIMIT_TOTAL, KUBEVIRT_LIMIT_NODE = 5, 2
 FIX = ("add the KubeVirtRelieveAndMigrate profile to spec.profiles, or set "
        "spec.profileCustomizations.devEnableEvictionsInBackground: true")
 CONFIG_LABELS = ("profiles", "mode", "interval_seconds", "eviction_limit_total", "eviction_limit_node",
                  "migration_aware_plugin", "background_evictions_by", "migration_cooldown",
-                 "max_migration_cooldown", "migration_history_window")
-
-
-def _spec(obj: Any) -> dict[str, Any]:
-    spec = obj.get("spec") if isinstance(obj, dict) else None
-    return spec if isinstance(spec, dict) else {}
-
-
-def _profiles(spec: dict[str, Any]) -> list[str]:
-    profiles = spec.get("profiles")
-    return [p for p in profiles if isinstance(p, str)] if isinstance(profiles, list) else []
-
-
-def _customizations(spec: dict[str, Any]) -> dict[str, Any]:
-    custom = spec.get("profileCustomizations")
-    return custom if isinstance(custom, dict) else {}
-
-
-def background_by(obj: dict[str, Any] | None) -> str:
-    """What turns the operator's EvictionsInBackground gate on: "profile", "flag", "profile+flag", or ""."""
-    spec = _spec(obj)
-    by = []
-    if any(p in KUBEVIRT_PROFILES for p in _profiles(spec)):
-        by.append("profile")
-    if _customizations(spec).get("devEnableEvictionsInBackground") is True:
-        by.append("flag")
-    return "+".join(by)
+                 "max_migration_cooldown", "migration_history_window", "kubevirt_parallel_outbound_per_node",
+                 "node_limit_above_kubevirt")
 
 
 def background_evictions(obj: dict[str, Any] | None) -> str:
     """The state a KubeDescheduler object declares, decided as the operator does."""
     if not isinstance(obj, dict):
         return UNKNOWN
-    return ENABLED if background_by(obj) else DISABLED
+    return ENABLED if descheduler_from_object(obj).background_by else DISABLED
 
 
-def _int_text(value: Any) -> str:
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else ""
+def _text(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
-def config_labels(obj: dict[str, Any]) -> dict[str, str]:
+def config_labels(obj: dict[str, Any], kubevirt: KubeVirtRecord | None = None) -> dict[str, str]:
     """The labels of ``descheduler_config_info``: the object's settings, named after its fields.
 
     ``profiles`` comma-separated in the object's order; ``mode`` ``Automatic`` or
@@ -109,33 +81,28 @@ def config_labels(obj: dict[str, Any]) -> dict[str, str]:
     descheduler); ``eviction_limit_total``/``_node`` the limits the operator applies
     (``spec.evictionLimits``, else 5/2 for the KubeVirt profiles, else "" for none);
     ``migration_aware_plugin`` "true" when a profile carries ``KubevirtMigrationAware``;
-    ``background_evictions_by`` see ``background_by``; the plugin's tuning
-    (``devMigrationCooldown`` and friends) as written, "" for the plugin's default.
+    ``background_evictions_by`` "profile", "flag", "profile+flag" or ""; the plugin's tuning
+    (``devMigrationCooldown`` and friends) as written, "" for the plugin's default;
+    ``kubevirt_parallel_outbound_per_node`` from the KubeVirt CR ("" when unknown) and
+    ``node_limit_above_kubevirt`` "true" when the descheduler lets more VMs leave a node than KubeVirt
+    migrates from it at once, "false", or "unknown".
     """
-    spec = _spec(obj)
-    profiles = _profiles(spec)
-    custom = _customizations(spec)
-    kubevirt = any(p in KUBEVIRT_PROFILES for p in profiles)
-    limits = spec.get("evictionLimits")
-    limits = limits if isinstance(limits, dict) else {}
-    total = _int_text(limits.get("total")) or (str(KUBEVIRT_LIMIT_TOTAL) if kubevirt else "")
-    node = _int_text(limits.get("node")) or (str(KUBEVIRT_LIMIT_NODE) if kubevirt else "")
-    mode = spec.get("mode")
-
-    def text(value: Any) -> str:
-        return value if isinstance(value, str) else ""
-
+    d = descheduler_from_object(obj)
+    outbound = kubevirt.effective_outbound_per_node if kubevirt is not None else None
+    mismatch = node_limit_mismatch(d, outbound)
     return {
-        "profiles": ",".join(profiles),
-        "mode": mode if isinstance(mode, str) and mode else "Predictive",
-        "interval_seconds": _int_text(spec.get("deschedulingIntervalSeconds")),
-        "eviction_limit_total": total,
-        "eviction_limit_node": node,
-        "migration_aware_plugin": "true" if kubevirt else "false",
-        "background_evictions_by": background_by(obj),
-        "migration_cooldown": text(custom.get("devMigrationCooldown")),
-        "max_migration_cooldown": text(custom.get("devMaxMigrationCooldown")),
-        "migration_history_window": text(custom.get("devMigrationHistoryWindow")),
+        "profiles": ",".join(d.profiles),
+        "mode": d.mode,
+        "interval_seconds": _text(d.interval_seconds),
+        "eviction_limit_total": _text(d.eviction_limit_total),
+        "eviction_limit_node": _text(d.eviction_limit_node),
+        "migration_aware_plugin": "true" if d.kubevirt_profile else "false",
+        "background_evictions_by": d.background_by,
+        "migration_cooldown": d.migration_cooldown,
+        "max_migration_cooldown": d.max_migration_cooldown,
+        "migration_history_window": d.migration_history_window,
+        "kubevirt_parallel_outbound_per_node": _text(outbound),
+        "node_limit_above_kubevirt": "unknown" if mismatch is None else "true" if mismatch else "false",
     }
 
 
@@ -154,6 +121,7 @@ class DeschedulerCheck:
         rediscover_every: float = 300.0,
         watch_timeout: int = 300,
         max_backoff: float = 60.0,
+        kubevirt: Callable[[], KubeVirtRecord | None] = lambda: None,
     ) -> None:
         self.api = client.CustomObjectsApi(api)
         self.namespace, self.name = namespace, name
@@ -169,6 +137,8 @@ class DeschedulerCheck:
             list(CONFIG_LABELS), registry=registry,
         )
         self.config: dict[str, str] = {}
+        self.kubevirt = kubevirt  # the KubeVirt CR as the guard's store holds it, for the mismatch label
+        self.object: dict[str, Any] | None = None  # the KubeDescheduler as last seen
         self.state = UNKNOWN  # until the API says otherwise; not worth a log line
         self._said: set[str] = set()  # quiet conditions already logged once
         self._stop = threading.Event()
@@ -182,9 +152,14 @@ class DeschedulerCheck:
         for s in STATES:
             self.gauge.labels(s).set(1 if s == state else 0)
 
+    def refresh(self) -> None:
+        """Re-publish the info labels (the KubeVirt CR changed)."""
+        self._apply(self.object)
+
     def _apply(self, obj: dict[str, Any] | None) -> None:
         """The object as it is now (None: gone or unreadable)."""
-        config = config_labels(obj) if isinstance(obj, dict) else {}
+        self.object = obj if isinstance(obj, dict) else None
+        config = config_labels(obj, self.kubevirt()) if isinstance(obj, dict) else {}
         if config != self.config:
             self.config = config
             self.info.clear()

@@ -2,7 +2,11 @@
 
 Four loops (VMIs and VMIMs through the kubevirt.io/v1 custom-objects API in
 all namespaces, virt-launcher pods by label selector, nodes) each do the same
-dance, the one client-go's reflector does:
+dance, the one client-go's reflector does. A fifth, for the KubeVirt CR (its
+migration limits and default eviction strategy), is optional: it is not on the
+health board, so it never holds readiness back, and when the CR is absent or
+forbidden it says so once, at info level, and looks again every few minutes
+(the rule that reads it fails open meanwhile):
 
 1. **List** the kind in pages (``limit``/``continue``). Paging keeps every
    response small for the API server and for us, and the pages of one list are
@@ -91,15 +95,22 @@ from app.backoff import EQUAL, Backoff
 from app.cluster.health import CacheHealthBoard, KindStatus
 from app.cluster.migrations import MigrationCounter
 from app.cluster.store import ClusterStore, Record
-from app.domain.kinds import KINDS, NODE, POD, VMI, VMIM
-from app.domain.records import RecordError, migration_from_object, node_from_object, pod_from_object, vmi_from_object
+from app.domain.kinds import KINDS, KUBEVIRT, NODE, OPTIONAL_KINDS, POD, VMI, VMIM
+from app.domain.records import (
+    RecordError,
+    kubevirt_from_object,
+    migration_from_object,
+    node_from_object,
+    pod_from_object,
+    vmi_from_object,
+)
 from app.domain.view import CacheHealth
 from app.metrics import Metrics
 
 log = logging.getLogger("kubevirt_eviction_guard.cluster")
 
 LAUNCHER_SELECTOR = "kubevirt.io=virt-launcher"
-KUBEVIRT = ("kubevirt.io", "v1")
+KUBEVIRT_GV = ("kubevirt.io", "v1")
 
 
 # ---- what each kind is and how to ask for it -------------------------------------------------
@@ -107,7 +118,7 @@ KUBEVIRT = ("kubevirt.io", "v1")
 
 def _custom(plural: str) -> Callable[[client.ApiClient, dict], Any]:
     def call(api: client.ApiClient, kw: dict) -> Any:
-        return client.CustomObjectsApi(api).list_cluster_custom_object(*KUBEVIRT, plural, **kw)
+        return client.CustomObjectsApi(api).list_cluster_custom_object(*KUBEVIRT_GV, plural, **kw)
 
     return call
 
@@ -127,7 +138,10 @@ class KindSpec:
     parse: Callable[[Any], Record]
     call: Callable[[client.ApiClient, dict], Any]  # list or watch, raw response
     if_absent: str = ""  # hint for a 404
+    optional: bool = False  # not needed for readiness: absent or forbidden is a quiet, slow retry
 
+
+OPTIONAL_RETRY = 300.0  # seconds between looks at an optional kind that is absent or forbidden
 
 SPECS = {
     VMI: KindSpec(VMI, "kubevirt.io/v1 virtualmachineinstances", vmi_from_object, _custom("virtualmachineinstances"),
@@ -136,6 +150,8 @@ SPECS = {
                    _custom("virtualmachineinstancemigrations"), "is KubeVirt installed?"),
     POD: KindSpec(POD, f"v1 pods ({LAUNCHER_SELECTOR})", pod_from_object, _pods),
     NODE: KindSpec(NODE, "v1 nodes", node_from_object, _nodes),
+    KUBEVIRT: KindSpec(KUBEVIRT, "kubevirt.io/v1 kubevirts", kubevirt_from_object, _custom("kubevirts"),
+                       "is KubeVirt installed?", optional=True),
 }
 
 
@@ -451,6 +467,10 @@ class Informer:
                                retry_after=_retry_after(exc.headers))
             if code >= 500:
                 return Outcome("server_error", problem=f"{code} from the API server: {message}")
+            if code in (403, 404) and self.spec.optional:
+                return Outcome("not_found" if code == 404 else "forbidden", retry_after=OPTIONAL_RETRY,
+                               problem=f"{code}: cannot read {what} (optional: the rules that read it fail open)",
+                               level=logging.INFO)
             if code == 404:
                 hint = f": {self.spec.if_absent}" if self.spec.if_absent else ""
                 return Outcome("not_found", problem=f"404: {what} not found{hint}", level=logging.ERROR)
@@ -547,6 +567,7 @@ class ClusterWatch:
         *,
         stale_after: float = 120.0,
         kinds: Iterable[str] = KINDS,
+        optional: Iterable[str] = OPTIONAL_KINDS,
         options: LoopOptions = LoopOptions(),
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -554,9 +575,11 @@ class ClusterWatch:
         self.metrics = metrics
         statuses = [KindStatus(k, clock) for k in kinds]
         self.board = CacheHealthBoard(statuses, stale_after)
+        self.optional = {k: KindStatus(k, clock) for k in optional}  # off the board: never a readiness condition
         gate = threading.Semaphore(1)
         self.informers = [Informer(SPECS[s.kind], api, self.store, s, metrics, options, gate,
-                                   stale_after=lambda: self.board.stale_after) for s in statuses]
+                                   stale_after=lambda: self.board.stale_after)
+                          for s in [*statuses, *self.optional.values()]]
         if metrics is not None:
             self.store.on_migration_finished = MigrationCounter(metrics)
             for s in statuses:

@@ -22,11 +22,13 @@ from kubernetes.client.exceptions import ApiException
 
 from app.cluster.snapshot import SnapshotStats
 from app.cluster.store import ClusterStore
-from app.domain.kinds import NODE, POD, VMI, VMIM
+from app.domain.descheduler import descheduler_from_object
+from app.domain.kinds import DESCHEDULER, KUBEVIRT, NODE, POD, VMI, VMIM
 from app.domain.records import (
     LAUNCHER_LABEL,
     LAUNCHER_VALUE,
     RecordError,
+    kubevirt_from_object,
     migration_from_object,
     node_from_object,
     pod_from_object,
@@ -35,11 +37,17 @@ from app.domain.records import (
 
 PAGE = 500
 TIMEOUT = (5.0, 60.0)
-KUBEVIRT = ("kubevirt.io", "v1")
+KUBEVIRT_GV = ("kubevirt.io", "v1")
+DESCHEDULER_API = ("operator.openshift.io", "v1", "openshift-kube-descheduler-operator", "kubedeschedulers", "cluster")
+OPTIONAL_MISSING = (403, 404)  # not installed, or not ours to read: the optional kinds are left out
 
 
 class ListError(RuntimeError):
     """The API server could not be listed; the text names the resource and the error."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status, when the API server answered
 
 
 def _pages(what: str, call: Callable[..., Any]) -> Iterator[dict]:
@@ -50,7 +58,7 @@ def _pages(what: str, call: Callable[..., Any]) -> Iterator[dict]:
             doc = orjson.loads(resp.read())
             resp.release_conn()
         except ApiException as e:
-            raise ListError(f"listing {what}: {e.status} {e.reason}") from None
+            raise ListError(f"listing {what}: {e.status} {e.reason}", e.status) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise ListError(f"listing {what}: {type(e).__name__}: {e}") from None
         except orjson.JSONDecodeError as e:
@@ -73,21 +81,51 @@ def list_into(client: ApiClient, store: ClusterStore) -> SnapshotStats:
     core, custom = CoreV1Api(client), CustomObjectsApi(client)
     sources = (
         (VMI, vmi_from_object, "virtualmachineinstances.kubevirt.io",
-         lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT, "virtualmachineinstances", **kw)),
+         lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT_GV, "virtualmachineinstances", **kw)),
         (VMIM, migration_from_object, "virtualmachineinstancemigrations.kubevirt.io",
-         lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT, "virtualmachineinstancemigrations", **kw)),
+         lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT_GV, "virtualmachineinstancemigrations", **kw)),
         (POD, pod_from_object, "pods",
          lambda **kw: core.list_pod_for_all_namespaces(label_selector=f"{LAUNCHER_LABEL}={LAUNCHER_VALUE}", **kw)),
         (NODE, node_from_object, "nodes", lambda **kw: core.list_node(**kw)),
     )
     stats = SnapshotStats()
     for kind, parse, what, call in sources:
-        records = []
-        for item in _pages(what, call):
-            try:
-                records.append(parse(item))
-            except RecordError:
-                stats.skipped_malformed += 1
-        store.replace(kind, records)
-        stats.loaded[kind] = len(records)
+        _list_kind(store, stats, kind, parse, what, call)
+    list_optional(custom, store, stats)
     return stats
+
+
+def _list_kind(store: ClusterStore, stats: SnapshotStats, kind: str, parse: Callable[[Any], Any], what: str,
+               call: Callable[..., Any]) -> None:
+    records = []
+    for item in _pages(what, call):
+        try:
+            records.append(parse(item))
+        except RecordError:
+            stats.skipped_malformed += 1
+    store.replace(kind, records)
+    stats.loaded[kind] = len(records)
+
+
+def list_optional(custom: CustomObjectsApi, store: ClusterStore, stats: SnapshotStats) -> None:
+    """The KubeVirt CR and the KubeDescheduler, when they exist and we may read them: report shows their
+    limits beside each other. Absent or forbidden, they are left out (report says "unknown")."""
+    try:
+        _list_kind(store, stats, KUBEVIRT, kubevirt_from_object, "kubevirts.kubevirt.io",
+                   lambda **kw: custom.list_cluster_custom_object(*KUBEVIRT_GV, "kubevirts", **kw))
+    except ListError as e:
+        if e.status not in OPTIONAL_MISSING:
+            raise
+    group, version, namespace, plural, name = DESCHEDULER_API
+    try:
+        obj = custom.get_namespaced_custom_object(group, version, namespace, plural, name, _request_timeout=TIMEOUT)
+    except ApiException as e:
+        if e.status not in OPTIONAL_MISSING:
+            raise ListError(f"reading {plural}.{group} {namespace}/{name}: {e.status} {e.reason}") from None
+        return
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise ListError(f"reading {plural}.{group}: {type(e).__name__}: {e}") from None
+    if isinstance(obj, dict):
+        store.replace(DESCHEDULER, [descheduler_from_object(obj)])
+        stats.loaded[DESCHEDULER] = 1
+

@@ -1,4 +1,5 @@
-"""Load cluster state from a file, as ``kubectl get vmi,vmim,pods,nodes -A -o yaml`` prints it.
+"""Load cluster state from a file, as ``kubectl get vmi,vmim,pods,nodes -A -o yaml`` prints it
+(add ``kubevirt`` for the KubeVirt CR's migration limits and eviction strategy).
 
 Accepted: a Kubernetes ``List`` (or any ``*List``) in JSON or YAML, a single
 object, or a multi-document YAML stream of either. Items of other kinds are
@@ -17,14 +18,25 @@ import orjson
 import yaml
 
 from app.cluster.store import ClusterStore
-from app.domain.kinds import KINDS, NODE, POD, VMI, VMIM
-from app.domain.records import RecordError, migration_from_object, node_from_object, pod_from_object, vmi_from_object
+from app.domain.descheduler import descheduler_from_object
+from app.domain.kinds import DESCHEDULER, KINDS, KUBEVIRT, NODE, POD, VMI, VMIM
+from app.domain.records import (
+    RecordError,
+    kubevirt_from_object,
+    migration_from_object,
+    node_from_object,
+    pod_from_object,
+    vmi_from_object,
+)
 
 PARSERS = {
     "VirtualMachineInstance": (VMI, vmi_from_object),
     "VirtualMachineInstanceMigration": (VMIM, migration_from_object),
     "Pod": (POD, pod_from_object),
     "Node": (NODE, node_from_object),
+    # optional: the cluster-wide settings (kubectl get kubevirt -A -o yaml; the KubeDescheduler for report)
+    "KubeVirt": (KUBEVIRT, kubevirt_from_object),
+    "KubeDescheduler": (DESCHEDULER, descheduler_from_object),
 }
 
 try:  # libyaml is much faster on large dumps; fall back to the pure-Python loader
@@ -122,7 +134,7 @@ def read_objects(path: str | Path) -> Iterator[dict]:
 def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[ClusterStore, SnapshotStats]:
     store = store if store is not None else ClusterStore()
     stats = SnapshotStats()
-    by_kind: dict[str, list] = {k: [] for k in KINDS}
+    by_kind: dict[str, list] = {k: [] for k in (*KINDS, KUBEVIRT, DESCHEDULER)}
     for item in read_objects(path):
         kind = item.get("kind")
         parser = PARSERS.get(kind) if isinstance(kind, str) else None
@@ -139,6 +151,8 @@ def load_snapshot(path: str | Path, store: ClusterStore | None = None) -> tuple[
     for kind, records in by_kind.items():
         store.replace(kind, records)
     counts = store.counts()
-    for kind in by_kind:
-        stats.loaded[kind] = counts.get(kind, 0)  # what the store holds: an object listed twice is one object
+    for kind, records in by_kind.items():
+        if kind in KINDS or records:  # the optional kinds only when the file has them
+            # what the store holds: an object listed twice is one object
+            stats.loaded[kind] = counts.get(kind, len(records))
     return store, stats

@@ -23,10 +23,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Union
 
-from app.domain.kinds import NODE, POD, VMI, VMIM
-from app.domain.records import LauncherPod, MigrationRecord, NodeRecord, VMIRecord
+from app.domain.descheduler import DeschedulerRecord
+from app.domain.kinds import DESCHEDULER, KUBEVIRT, NODE, POD, VMI, VMIM
+from app.domain.records import KubeVirtRecord, LauncherPod, MigrationRecord, NodeRecord, VMIRecord, arrived_by_state
 
-Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord]
+Record = Union[VMIRecord, MigrationRecord, LauncherPod, NodeRecord, KubeVirtRecord, DeschedulerRecord]
 Key = Union[tuple[str, str], str]
 # (kind, old record or None, new record); (kind, None, None) after ``replace`` of the whole kind
 Listener = Callable[[str, Any, Any], None]
@@ -53,6 +54,9 @@ class ClusterStore:
         # node -> Succeeded VMIMs that left / reached it, newest end first (at most MOVES_KEPT)
         self._moves_from: dict[str, tuple[MigrationRecord, ...]] = {}
         self._moves_to: dict[str, tuple[MigrationRecord, ...]] = {}
+        # the KubeVirt CR(s), by (namespace, name): KubeVirt runs with exactly one
+        self._kubevirts: dict[tuple[str, str], KubeVirtRecord] = {}
+        self._descheduler: DeschedulerRecord | None = None  # the KubeDescheduler, for report
         # called (outside the lock) with each VMIM the store held unfinished and now holds final
         self.on_migration_finished: Callable[[MigrationRecord], None] | None = None
         self._listeners: tuple[Listener, ...] = ()
@@ -103,6 +107,15 @@ class ClusterStore:
         """Succeeded VMIMs whose target was ``node``, newest end first (the newest MOVES_KEPT)."""
         return self._moves_to.get(node, _EMPTY)
 
+    def kubevirt(self) -> KubeVirtRecord | None:
+        """The KubeVirt CR (the first by namespace and name, should there be several); None when unknown."""
+        kvs = self._kubevirts
+        return kvs[min(kvs)] if kvs else None
+
+    def descheduler(self) -> DeschedulerRecord | None:
+        """The KubeDescheduler, when the state was loaded with one (report); None otherwise."""
+        return self._descheduler
+
     def vmis(self) -> list[VMIRecord]:
         return [v for names in list(self._vmis.values()) for v in list(names.values())]
 
@@ -118,6 +131,7 @@ class ClusterStore:
             VMIM: _count(self._vmims),
             POD: _count(self._pods),
             NODE: len(self._nodes),
+            KUBEVIRT: len(self._kubevirts),
         }
 
     # ---- writes --------------------------------------------------------------
@@ -136,6 +150,11 @@ class ClusterStore:
         with self._lock:
             if kind == NODE:
                 self._nodes.pop(key, None)  # type: ignore[call-overload]
+                return
+            if kind == KUBEVIRT:
+                kvs = dict(self._kubevirts)
+                kvs.pop(key, None)  # type: ignore[call-overload]
+                self._kubevirts = kvs
                 return
             if kind not in (POD, VMI, VMIM):
                 raise ValueError(f"unknown kind {kind!r}")
@@ -162,6 +181,14 @@ class ClusterStore:
             nodes = {r.key: r for r in records}  # type: ignore[union-attr]
             with self._lock:
                 self._nodes = nodes  # type: ignore[assignment]
+        elif kind == KUBEVIRT:
+            kvs = {r.key: r for r in records}  # type: ignore[union-attr]
+            with self._lock:
+                self._kubevirts = kvs  # type: ignore[assignment]
+        elif kind == DESCHEDULER:
+            found = list(records)
+            with self._lock:
+                self._descheduler = found[0] if found else None  # type: ignore[assignment]
         elif kind == POD:
             pods = _nest(records)
             with self._lock:
@@ -207,6 +234,10 @@ class ClusterStore:
     def _current(self, record: Record) -> Record | None:
         if isinstance(record, NodeRecord):
             return self._nodes.get(record.key)
+        if isinstance(record, KubeVirtRecord):
+            return self._kubevirts.get(record.key)
+        if isinstance(record, DeschedulerRecord):
+            return self._descheduler
         nested = {LauncherPod: self._pods, VMIRecord: self._vmis, MigrationRecord: self._vmims}.get(type(record))
         return nested.get(record.namespace, _NO_NS).get(record.name) if nested is not None else None  # type: ignore[union-attr]
 
@@ -216,6 +247,10 @@ class ClusterStore:
             self._pods.setdefault(record.namespace, {})[record.name] = record
         elif isinstance(record, NodeRecord):
             self._nodes[record.key] = record
+        elif isinstance(record, KubeVirtRecord):
+            self._kubevirts = {**self._kubevirts, record.key: record}
+        elif isinstance(record, DeschedulerRecord):
+            self._descheduler = record
         elif isinstance(record, VMIRecord):
             self._vmis.setdefault(record.namespace, {})[record.name] = record
             self._refresh_leaving(record.key)
@@ -271,15 +306,18 @@ class ClusterStore:
                     del index[node]
 
     def _leaving_node(self, key: tuple[str, str]) -> str:
+        """The node the VMI may be leaving (policy's ``is_leaving`` decides); an arrival by a
+        decentralized migration leaves no node of this cluster."""
         vmi = self.vmi(*key)
         if vmi is None:
             return ""
         if vmi.evacuation_node:
             return vmi.evacuation_node
         m = vmi.migration
-        if m is not None and m.in_flight:
+        migrations = self.migrations(*key)
+        if m is not None and m.in_flight and not arrived_by_state(vmi, migrations):
             return m.source_node or vmi.node
-        if vmi.node and any(not x.finished for x in self.migrations(*key)):
+        if vmi.node and any(not x.finished and not x.arriving for x in migrations):
             return vmi.node
         return ""
 
@@ -313,7 +351,8 @@ class ClusterStore:
         self._leaving_of = leaving_of
 
 
-_KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE}
+_KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE, KubeVirtRecord: KUBEVIRT,
+            DeschedulerRecord: DESCHEDULER}
 
 
 def _newest_first(moves: Iterable[MigrationRecord]) -> tuple[MigrationRecord, ...]:

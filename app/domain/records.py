@@ -38,6 +38,20 @@ DESCHEDULER_SOURCE = "descheduler"
 DESCHEDULER_PRIORITY = "system-maintenance"  # VMIM spec.priority of descheduler-caused evacuations (KubeVirt >= 1.7)
 DRAIN_PRIORITY = "system-critical"  # VMIM spec.priority of any other evacuation: a drain
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# VMI condition: the VM can live-migrate now (KubeVirt's IsMigratable reads status True only)
+LIVE_MIGRATABLE = "LiveMigratable"
+# spec.evictionStrategy values (VMI, or the KubeVirt CR's spec.configuration.evictionStrategy)
+LIVE_MIGRATE, LIVE_MIGRATE_IF_POSSIBLE, EXTERNAL, STRATEGY_NONE = "LiveMigrate", "LiveMigrateIfPossible", "External", "None"
+# VMIM conditions (KubeVirt 1.9) under which a migration waits instead of failing
+BLOCKING_CONDITIONS = ("migrationBlockedByBackup", "migrationRejectedByResourceQuota", "decentralizedMigrationBlocked",
+                       "migrationBlockedByUtilityVolumes")
+# decentralized live migration (KubeVirt 1.9): the VMIM's spec.sendTo (source side) or spec.receive (target side)
+SEND_TO, RECEIVE = "sendTo", "receive"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# KubeVirt's defaults when the KubeVirt CR leaves them unset (pkg/virt-config)
+DEFAULT_PARALLEL_OUTBOUND_PER_NODE, DEFAULT_PARALLEL_PER_CLUSTER = 2, 5
+DEFAULT_EVICTION_STRATEGY = STRATEGY_NONE
+MAX_SHOWN = 200  # condition messages kept for people: enough to name the cause
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 DRAIN_TAINTS = frozenset({AUTOSCALER_DRAIN_TAINT, UNSCHEDULABLE_TAINT})
@@ -95,6 +109,9 @@ class MigrationState:
     source_node: str
     target_node: str
     failed: bool
+    # sourceState.virtualMachineInstanceUID (KubeVirt >= 1.7): the source VMI's uid; a VMI that arrived by a
+    # decentralized migration has a new uid, so a value other than its own marks the migration as an arrival
+    source_vmi_uid: str = ""
 
     @property
     def in_flight(self) -> bool:
@@ -115,6 +132,7 @@ def migration_state_from(raw: Any) -> MigrationState | None:
         source_node=_s(raw.get("sourceNode")),
         target_node=_s(raw.get("targetNode")),
         failed=raw.get("failed") is True,
+        source_vmi_uid=_u(_d(raw.get("sourceState")).get("virtualMachineInstanceUID")),
     )
 
 
@@ -170,16 +188,47 @@ class VMIRecord:
     overrides: VMOverrides | None = None  # None when the VMI carries none of the guard's annotations
     history: tuple[HistoryEntry, ...] = ()  # annotation kubevirt-eviction-guard.io/migration-history
     eviction_source: str = ""  # annotation kubevirt.io/eviction-source ("descheduler")
+    eviction_strategy: str = ""  # spec.evictionStrategy; "" when unset (the KubeVirt CR's default applies)
+    migratable: str = ""  # status of the LiveMigratable condition: "True", "False", "Unknown"; "" when absent
+    migratable_reason: str = ""  # its reason (DisksNotLiveMigratable, ...), and a short message after ": "
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
 
+
+def arrived_by_state(vmi: VMIRecord, migrations) -> bool:
+    """The VMI's ``migrationState`` describes an arrival (the receiving side of a decentralized
+    migration): its source VMI had another uid, or it is the migration of a VMIM with ``spec.receive``."""
+    m = vmi.migration
+    if m is None:
+        return False
+    if m.source_vmi_uid and vmi.uid and m.source_vmi_uid != vmi.uid:
+        return True
+    return bool(m.uid) and any(x.uid == m.uid and x.arriving for x in migrations)
+
+
+def _condition(conditions: Any, kind: str) -> dict | None:
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == kind:
+            return c
+    return None
+
+
+def _reason_text(c: dict) -> str:
+    """A condition's reason and message, short: "Reason: message"."""
+    reason, message = c.get("reason"), c.get("message")
+    parts = [x for x in (reason, message) if isinstance(x, str) and x]
+    text = ": ".join(parts)
+    return _s(text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "...")
+
+
 def vmi_from_object(obj: Any) -> VMIRecord:
     meta, ns, name = _meta(obj)
     status = _d(obj.get("status"))
     annotations = _d(meta.get("annotations"))
+    migratable = _condition(status.get("conditions"), LIVE_MIGRATABLE)
     return VMIRecord(
         namespace=ns,
         name=_s(name),
@@ -192,6 +241,9 @@ def vmi_from_object(obj: Any) -> VMIRecord:
         overrides=overrides_from(annotations) if annotations else None,
         history=parse_history(annotations.get(HISTORY_ANNOTATION)) if annotations else (),
         eviction_source=_s(annotations.get(EVICTION_SOURCE)) if annotations else "",
+        eviction_strategy=_s(_d(obj.get("spec")).get("evictionStrategy")),
+        migratable=_s(migratable.get("status")) if migratable else "",
+        migratable_reason=_reason_text(migratable) if migratable else "",
     )
 
 
@@ -212,6 +264,9 @@ class MigrationRecord:
     priority: str = ""  # spec.priority (KubeVirt >= 1.7): system-critical | system-maintenance | user-triggered
     workload_update: str = ""  # annotation kubevirt.io/workloadUpdateMigration ("" when absent)
     target_node: str = ""  # migrationState.targetNode
+    decentralized: str = ""  # SEND_TO or RECEIVE: one side of a migration across namespaces or clusters
+    blocked: str = ""  # the first BLOCKING_CONDITIONS type with status True: the migration waits
+    blocked_reason: str = ""  # that condition's reason and message, short
 
     @property
     def key(self) -> tuple[str, str]:
@@ -223,8 +278,16 @@ class MigrationRecord:
 
     @property
     def moved(self) -> bool:
-        """Succeeded with a known end and route: the VM left ``source_node`` for ``target_node``."""
-        return self.phase == "Succeeded" and self.end is not None and bool(self.source_node or self.target_node)
+        """Succeeded with a known end and route within this cluster: the VM left ``source_node`` for
+        ``target_node``. A decentralized migration's other end is in another namespace or cluster (its node
+        names are not ours), so it moved nothing between two nodes here."""
+        return (self.phase == "Succeeded" and self.end is not None and bool(self.source_node or self.target_node)
+                and not self.decentralized)
+
+    @property
+    def arriving(self) -> bool:
+        """The receiving side of a decentralized migration: the VM comes here, it leaves no node of ours."""
+        return self.decentralized == RECEIVE
 
 
 def migration_from_object(obj: Any) -> MigrationRecord:
@@ -240,6 +303,8 @@ def migration_from_object(obj: Any) -> MigrationRecord:
             for t in transitions:
                 if isinstance(t, dict) and t.get("phase") == phase:
                     end = parse_timestamp(t.get("phaseTransitionTimestamp"))
+    blocking = next((c for k in BLOCKING_CONDITIONS if (c := _condition(status.get("conditions"), k)) is not None
+                     and c.get("status") == "True"), None)
     return MigrationRecord(
         namespace=ns,
         name=_u(name),
@@ -254,7 +319,16 @@ def migration_from_object(obj: Any) -> MigrationRecord:
         priority=_s(spec.get("priority")),
         workload_update=_workload_update(_d(meta.get("annotations"))),
         target_node=state.target_node if state else "",
+        decentralized=_decentralized(spec),
+        blocked=_s(blocking.get("type")) if blocking else "",
+        blocked_reason=_reason_text(blocking) if blocking else "",
     )
+
+
+def _decentralized(spec: dict) -> str:
+    """KubeVirt's IsDecentralized: exactly one of sendTo and receive is set (both is a local migration)."""
+    send, receive = spec.get("sendTo") is not None, spec.get("receive") is not None
+    return SEND_TO if send and not receive else RECEIVE if receive and not send else ""
 
 
 def _workload_update(annotations: dict) -> str:
@@ -281,6 +355,7 @@ class LauncherPod:
     has_annotations: bool  # metadata.annotations exists (JSON patch must add the map otherwise)
     resource_version: str
     ready: bool = False  # condition Ready is True (KubeVirt keeps eviction-in-progress on the ready source pod only)
+    pinned_to: str = ""  # the one node its nodeSelector or required node affinity allows ("" when not pinned)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -306,14 +381,40 @@ def pod_from_object(obj: Any) -> LauncherPod:
         has_annotations=isinstance(raw_annotations, dict),
         resource_version=_u(meta.get("resourceVersion")),
         ready=_condition_true(_d(obj.get("status")).get("conditions"), "Ready"),
+        pinned_to=pinned_node(_d(obj.get("spec"))),
     )
 
 
+def pinned_node(spec: dict) -> str:
+    """The single node a pod may run on, from a ``kubernetes.io/hostname`` nodeSelector, or from a required
+    node affinity whose every term allows one and the same node (by the hostname label with ``In``, or by
+    ``metadata.name`` in matchFields); "" when it may run on more than one."""
+    selector = _d(spec.get("nodeSelector")).get(HOSTNAME_LABEL)
+    if isinstance(selector, str) and selector:
+        return _s(selector)
+    required = _d(_d(_d(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = required.get("nodeSelectorTerms")
+    if not isinstance(terms, list) or not terms:
+        return ""
+    nodes = set()
+    for term in terms:
+        term = _d(term)
+        one = {v for r, key in ((term.get("matchExpressions"), HOSTNAME_LABEL), (term.get("matchFields"), "metadata.name"))
+               for e in (r if isinstance(r, list) else ()) if _d(e).get("key") == key and _d(e).get("operator") == "In"
+               for v in (_one(_d(e).get("values")),) if v}
+        if len(one) != 1:
+            return ""  # a term that allows several nodes (or none we can read): not pinned
+        nodes |= one
+    return _s(nodes.pop()) if len(nodes) == 1 else ""
+
+
+def _one(values: Any) -> str:
+    return values[0] if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str) else ""
+
+
 def _condition_true(conditions: Any, kind: str) -> bool:
-    for c in conditions if isinstance(conditions, list) else ():
-        if isinstance(c, dict) and c.get("type") == kind:
-            return c.get("status") == "True"
-    return False
+    c = _condition(conditions, kind)
+    return c is not None and c.get("status") == "True"
 
 
 @dataclass(slots=True, frozen=True)
@@ -351,3 +452,48 @@ def drain_signal(spec: dict) -> str:
         if key in DRAIN_TAINTS:
             return _intern(f"tainted {key}")
     return ""
+
+
+@dataclass(slots=True, frozen=True)
+class KubeVirtRecord:
+    """The KubeVirt CR (kubevirt.io/v1 KubeVirt): the cluster-wide settings the guard reads.
+    ``None`` fields are unset in the CR: KubeVirt's defaults apply (the ``effective_*`` properties)."""
+
+    namespace: str
+    name: str
+    parallel_outbound_per_node: int | None = None  # spec.configuration.migrations.parallelOutboundMigrationsPerNode
+    parallel_per_cluster: int | None = None  # spec.configuration.migrations.parallelMigrationsPerCluster
+    eviction_strategy: str = ""  # spec.configuration.evictionStrategy; "" when unset
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def effective_outbound_per_node(self) -> int:
+        return DEFAULT_PARALLEL_OUTBOUND_PER_NODE if self.parallel_outbound_per_node is None else self.parallel_outbound_per_node
+
+    @property
+    def effective_per_cluster(self) -> int:
+        return DEFAULT_PARALLEL_PER_CLUSTER if self.parallel_per_cluster is None else self.parallel_per_cluster
+
+    @property
+    def effective_eviction_strategy(self) -> str:
+        return self.eviction_strategy or DEFAULT_EVICTION_STRATEGY
+
+
+def kubevirt_from_object(obj: Any) -> KubeVirtRecord:
+    _, ns, name = _meta(obj)
+    config = _d(_d(obj.get("spec")).get("configuration"))
+    migrations = _d(config.get("migrations"))
+    return KubeVirtRecord(
+        namespace=ns,
+        name=_s(name),
+        parallel_outbound_per_node=_count(migrations.get("parallelOutboundMigrationsPerNode")),
+        parallel_per_cluster=_count(migrations.get("parallelMigrationsPerCluster")),
+        eviction_strategy=_s(config.get("evictionStrategy")),
+    )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.domain.records import LauncherPod, MigrationRecord, NodeRecord, VMIRecord
+from app.domain.records import KubeVirtRecord, LauncherPod, MigrationRecord, NodeRecord, VMIRecord
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,4 +45,8 @@ class ClusterView(Protocol):
 
     def moves_to(self, node: str) -> Sequence[MigrationRecord]:
         """Succeeded VMIMs that moved a VM onto ``node``, newest end first (a bounded recent few)."""
+        ...
+
+    def kubevirt(self) -> KubeVirtRecord | None:
+        """The KubeVirt CR's settings; None when unknown (not readable, not listed yet): rules fail open."""
         ...

@@ -2,7 +2,8 @@
 and, apart from decisions, the VMIs' migration history (``history.py``).
 
 Denials get an ``EvictionBlocked`` Event; allowed descheduler evictions of a VM's
-pod (reason ``allowed``) an ``EvictionAllowed`` one (``events.py``).
+pod (reason ``allowed``) an ``EvictionAllowed`` one, once the watch shows the
+migration they started (``events.py``).
 
 ``Effects.on_decision`` is the admission server's hook. It runs on the request
 path, so it only logs and queues: the API writes happen on the background
@@ -25,6 +26,7 @@ from app.effects.annotate import AnnotateJob, wanted
 from app.effects.cancel import StuckCanceller
 from app.effects.decision_log import log_decision
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
+from app.effects.held import HeldNodeWatch
 from app.effects.history import HistoryRecorder, HistoryView
 from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
 from app.effects.queue import EffectQueue
@@ -61,23 +63,34 @@ class Effects:
         self.clock = clock
         self.history: HistoryRecorder | None = None
         self.canceller: StuckCanceller | None = None
+        self.held: HeldNodeWatch | None = None
         self.metrics = metrics
 
     def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
                        interval: float | None = None) -> HistoryRecorder:
         """Keep the VMIs' history annotation (live mode): ``store`` must offer ``add_listener``."""
         kw = {"interval": interval} if interval is not None else {}
-        self.history = HistoryRecorder(store, self.api, self.queue, settings, clock=self.clock, ready=ready, **kw)
+        self.history = HistoryRecorder(store, self.api, self.queue, settings, clock=self.clock, ready=ready,
+                                       passes=self.metrics.background_passes.labels("history_reconcile"), **kw)
         store.add_listener(self.history.on_change)  # type: ignore[attr-defined]
         return self.history
 
     def cancel_stuck_evacuations(self, store, settings: PolicySettings, ready: Callable[[], bool],
-                                 interval: float | None = None) -> StuckCanceller:
-        """Cancel stuck descheduler evacuations (``--cancel-stuck-evacuations``, live mode)."""
+                                 interval: float | None = None, probed: bool = True) -> StuckCanceller:
+        """Cancel stuck descheduler evacuations (``--cancel-stuck-evacuations``, live mode), once the API
+        server says KubeVirt serves evacuate/cancel and the guard may call it (``probed``)."""
         kw = {"interval": interval} if interval is not None else {}
         self.canceller = StuckCanceller(store, self.api, self.queue, self.metrics, settings, clock=self.clock,
-                                        ready=ready, **kw)
+                                        ready=ready, probed=probed, **kw)
         return self.canceller
+
+    def watch_held_nodes(self, store, settings: PolicySettings, ready: Callable[[], bool],
+                         interval: float | None = None) -> HeldNodeWatch:
+        """Make nodes held longer than ``evacuationStaleAfter`` visible (gauge, Events); count unmovable VMs."""
+        kw = {"interval": interval} if interval is not None else {}
+        self.held = HeldNodeWatch(store, self.api, self.queue, self.metrics, settings, clock=self.clock,
+                                  ready=ready, **kw)
+        return self.held
 
     def start(self) -> Effects:
         self.queue.start()
@@ -85,9 +98,13 @@ class Effects:
             self.history.start()
         if self.canceller is not None:
             self.canceller.start()
+        if self.held is not None:
+            self.held.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.held is not None:
+            self.held.stop(timeout)
         if self.canceller is not None:
             self.canceller.stop(timeout)
         if self.history is not None:
@@ -101,7 +118,7 @@ class Effects:
             return
         if decision.allowed:
             if self.events is not None and decision.reason == Reason.ALLOWED and self._from_descheduler(review):
-                self.events.record(review, decision)
+                self.events.record_allowed(self.view, review, decision)  # once the watch shows the migration
             return
         if self.events is not None:
             self.events.record(review, decision)

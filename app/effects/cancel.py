@@ -1,4 +1,5 @@
-"""The canceller (``--cancel-stuck-evacuations``, off by default): ends stuck descheduler evacuations.
+"""The canceller (``--cancel-stuck-evacuations``, on by default where it can work): ends stuck descheduler
+evacuations.
 
 Why: KubeVirt retries a marked VM for ever. When the descheduler caused the
 mark and the migrations keep failing (a guest that dirties memory faster than
@@ -20,6 +21,20 @@ store just before the call (the VMI may have moved, or a drain begun). Every
 cancel is a Warning Event ``EvacuationCancelled`` on the VMI and a count in
 ``evacuation_cancels_total{outcome,node,namespace}``. Replicas may both
 cancel the same mark: the second finds it gone and virt-api does nothing.
+
+Where it can work: before it scans, it asks the API server (and again every
+``probe_every`` seconds while the answer is no) whether KubeVirt serves the
+subresource (discovery of ``subresources.kubevirt.io/v1`` lists
+``virtualmachineinstances/evacuate/cancel``: KubeVirt >= 1.8) and whether the
+guard may call it. Two checks authorize that PUT, so the guard asks both
+with SelfSubjectAccessReviews: kube-apiserver, which proxies the aggregated
+API, takes only the first path segment after the name as the subresource
+(``update`` on ``virtualmachineinstances/evacuate``), and virt-api's own
+SubjectAccessReview joins the rest (``virtualmachineinstances/evacuate/cancel``;
+before KubeVirt PR #17571 it, too, asked for ``evacuate``). Until both say yes
+it stays off, and ``evacuation_canceller_info{enabled,reason}`` says why
+(``no_subresource``, ``forbidden``, ``unknown`` for an API error; ``disabled``
+when turned off).
 """
 
 from __future__ import annotations
@@ -32,20 +47,43 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from app.domain.records import MigrationRecord, NodeRecord, VMIRecord
-from app.effects.events import COMPONENT
-from app.effects.kubeapi import EffectsApi, NotFound, PermanentApiError
+from app.effects.events import COMPONENT, vmi_event
+from app.effects.kubeapi import EffectsApi, NotFound, PermanentApiError, TransientApiError
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
 from app.policy.cancel import evacuations_to_cancel
 from app.policy.decide import StuckEvacuation
 from app.policy.model import PolicySettings
-from app.timefmt import format_timestamp
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 KIND = "cancel"
 EVENT_REASON = "EvacuationCancelled"
 DEFAULT_INTERVAL = 30.0
+DEFAULT_PROBE_EVERY = 300.0
 CANCELLED, REFUSED = "cancelled", "refused"
+# the canceller's state, the reason label of evacuation_canceller_info
+ENABLED, DISABLED, SNAPSHOT, NO_SUBRESOURCE, FORBIDDEN, UNKNOWN = (
+    "enabled", "disabled", "snapshot", "no_subresource", "forbidden", "unknown")
+SUBRESOURCES = ("subresources.kubevirt.io", "v1")
+CANCEL_SUBRESOURCE = "virtualmachineinstances/evacuate/cancel"  # its name in virt-api's discovery document
+# (verb, group, resource, subresource) authorized for PUT .../virtualmachineinstances/NAME/evacuate/cancel:
+# kube-apiserver's request info (first segment after the name), then virt-api's own review (all of them)
+CANCEL_ACCESS = (("update", SUBRESOURCES[0], "virtualmachineinstances", "evacuate"),
+                 ("update", SUBRESOURCES[0], "virtualmachineinstances", "evacuate/cancel"))
+
+
+def probe(api: EffectsApi) -> str:
+    """Whether the canceller can work here: ENABLED, NO_SUBRESOURCE, FORBIDDEN, or UNKNOWN (the API failed)."""
+    try:
+        if not api.serves(*SUBRESOURCES, CANCEL_SUBRESOURCE):
+            return NO_SUBRESOURCE
+        for verb, group, resource, subresource in CANCEL_ACCESS:
+            if not api.allowed(verb, group, resource, subresource):
+                return FORBIDDEN
+    except (TransientApiError, PermanentApiError, NotFound) as e:
+        log.warning("evacuation canceller: cannot tell whether evacuate/cancel can be used", extra={"error": str(e)})
+        return UNKNOWN
+    return ENABLED
 
 
 class CancelView(Protocol):
@@ -62,22 +100,7 @@ def cancel_event(stuck: StuckEvacuation, uid: str, now: float, instance: str) ->
     message = (f'Cancelled the evacuation of this VMI from node "{stuck.node}" (evacuate/cancel): it was caused by '
                f"the descheduler and is stuck ({stuck.why}); KubeVirt creates no new migration for it"
                + ("; the attempt already created still runs" if stuck.running else ""))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{stuck.name}.{time.time_ns():x}", "namespace": stuck.namespace},
-        "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                           "namespace": stuck.namespace, "name": stuck.name, "uid": uid},
-        "reason": EVENT_REASON,
-        "message": message,
-        "type": "Warning",
-        "count": 1,
-        "firstTimestamp": format_timestamp(now),
-        "lastTimestamp": format_timestamp(now),
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": instance,
-    }
+    return vmi_event(stuck.namespace, stuck.name, uid, EVENT_REASON, message, now, instance)
 
 
 class CancelJob:
@@ -96,12 +119,32 @@ class StuckCanceller:
     def __init__(self, view: CancelView, api: EffectsApi, queue: EffectQueue, metrics: Metrics,
                  settings: PolicySettings, *, clock: Callable[[], float] = time.time,
                  ready: Callable[[], bool] = lambda: True, interval: float = DEFAULT_INTERVAL,
-                 instance: str = "") -> None:
+                 instance: str = "", probe_every: float = DEFAULT_PROBE_EVERY, probed: bool = True) -> None:
+        """``probed`` False: trust that evacuate/cancel works (tests of the cancel itself); else ask first."""
         self.view, self.api, self.queue, self.metrics, self.settings = view, api, queue, metrics, settings
         self.clock, self.ready, self.interval = clock, ready, interval
         self.instance = instance or os.environ.get("HOSTNAME", "") or COMPONENT
+        self.probe_every = probe_every
+        self.state = UNKNOWN if probed else ENABLED
+        self._next_probe = float("-inf") if probed else float("inf")
+        metrics.set_canceller(self.state)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def check(self) -> str:
+        """Ask again whether evacuate/cancel can be used, when due; returns the state."""
+        now = time.monotonic()
+        if self.state == ENABLED or now < self._next_probe:
+            return self.state
+        state = probe(self.api)
+        self._next_probe = now + self.probe_every
+        if state != self.state:
+            (log.info if state == ENABLED else log.warning)(
+                "evacuation canceller %s", "on" if state == ENABLED else f"off: {state}",
+                extra={"reason": state, "fix": "" if state == ENABLED else FIXES.get(state, "")})
+        self.state = state
+        self.metrics.set_canceller(state)
+        return state
 
     def scan(self) -> int:
         """Queue a cancel for every evacuation policy calls stuck; returns how many were queued."""
@@ -149,10 +192,22 @@ class StuckCanceller:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        try:
+            self.check()  # at once, so the metric says what is so from the start; the first scan after an interval
+        except Exception:
+            log.exception("evacuation canceller probe failed")
         while not self._stop.wait(self.interval):
-            if not self.ready():
-                continue
             try:
-                self.scan()
+                if self.check() == ENABLED and self.ready():
+                    self.scan()
+                    self.metrics.background_passes.labels("canceller").inc()
             except Exception:  # a bug must not end the loop
                 log.exception("evacuation canceller scan failed")
+
+
+FIXES = {
+    NO_SUBRESOURCE: "KubeVirt serves evacuate/cancel from v1.8: upgrade KubeVirt, or cancel by hand (virtctl evacuate-cancel)",
+    FORBIDDEN: ("grant update on virtualmachineinstances/evacuate and virtualmachineinstances/evacuate/cancel in "
+                "subresources.kubevirt.io (the chart's canceller.enabled: true does)"),
+    UNKNOWN: "the API server did not answer; the guard asks again in a few minutes",
+}

@@ -3,7 +3,9 @@
 The fields are the ones an operator filters on (uid to match the API server's
 audit log, namespace/pod/VMI/node to find the VM, requester to find the
 caller, reason and the cooldown numbers to understand the answer). Never the
-request body, never anything from the user's credentials beyond the username.
+request body, never anything from the user's credentials beyond the username;
+what the request says goes through ``text.printable`` (escaped, at most 200
+characters a field), so a line stays under a few KiB whatever was sent.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from typing import Any
 
 from app.admission.review import Review
+from app.effects.text import MAX_MESSAGE, printable
 from app.logs import structured
 from app.policy.model import Decision
 
@@ -21,19 +24,19 @@ log = logging.getLogger("kubevirt_eviction_guard.decision")
 def decision_fields(review: Review, decision: Decision) -> dict[str, Any]:
     ev = review.eviction
     fields: dict[str, Any] = {
-        "uid": review.uid,
-        "namespace": ev.namespace,
-        "pod": ev.name,
+        "uid": printable(review.uid),
+        "namespace": printable(ev.namespace),
+        "pod": printable(ev.name),
         "vmi": decision.vmi.name if decision.vmi else None,
         "node": decision.node or None,
-        "requester": ev.requested_by or ev.username or None,
-        "user": ev.username or None,
+        "requester": printable(ev.requested_by or ev.username) or None,
+        "user": printable(ev.username) or None,
         "decision": "allowed" if decision.allowed else "denied",
         "reason": decision.reason,
         "dry_run": decision.dry_run or ev.dry_run,
     }
     if ev.eviction_reason:
-        fields["eviction_reason"] = ev.eviction_reason[:200]
+        fields["eviction_reason"] = printable(ev.eviction_reason)
     cd = decision.cooldown
     if cd is not None:
         fields["cooldown_s"] = int(round(cd.cooldown))  # type: ignore[attr-defined]
@@ -56,4 +59,5 @@ def decision_fields(review: Review, decision: Decision) -> dict[str, Any]:
 
 
 def log_decision(review: Review, decision: Decision) -> None:
-    structured(log, logging.INFO, decision.message, decision_fields(review, decision))  # logging.info, minus most of its cost
+    # the message may quote the request (a pod that is not a VM's): printable and short as well
+    structured(log, logging.INFO, printable(decision.message, MAX_MESSAGE), decision_fields(review, decision))  # logging.info, minus most of its cost

@@ -6,7 +6,11 @@ where an admin looks when a VM did not move. Every allowed descheduler
 eviction of a VM's pod is a Normal ``EvictionAllowed`` Event saying who asked,
 as which user, the descheduler's ``reason`` (profile and strategy) and the
 node: the answer to "why did my VM move?" that KubeVirt's own
-``system-initiated migration`` Events do not give.
+``system-initiated migration`` Events do not give. It is written only once the
+watch shows the migration the eviction started (``ConfirmJob``): a review sent
+by anyone who can reach the port, for an eviction that never happened, moves
+no VM and so leaves no Event. What the request says (requester, user, reason,
+pod name) is escaped and cut (``text.printable``) on its way into a message.
 
 A descheduler loop asks about the same VM every few minutes, and a drain
 retries every few seconds. One Event object per (VMI, decision reason) series
@@ -42,8 +46,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.admission.review import Review
+from app.domain.records import VMIRecord
+from app.domain.view import ClusterView
 from app.effects.kubeapi import EffectsApi, NotFound
 from app.effects.queue import EffectQueue
+from app.effects.text import MAX_MESSAGE, printable
 from app.metrics import Metrics
 from app.policy.model import Decision
 from app.timefmt import format_timestamp
@@ -53,38 +60,51 @@ KIND = "event"
 EVENT_REASON = "EvictionBlocked"
 ALLOWED_EVENT_REASON = "EvictionAllowed"
 COMPONENT = "kubevirt-eviction-guard"
-MAX_MESSAGE = 1024  # events.k8s.io's limit; core/v1 has none, etcd does
-MAX_EVICTION_REASON = 200
+CONFIRM_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0)  # seconds between looks for the migration an allowed eviction starts
+CONFIRM_SKEW = 5.0  # seconds a VMIM's creationTimestamp (the API server's clock) may read earlier than ours
 DEFAULT_INTERVAL = 60.0
 DEFAULT_MAX_SERIES = 4096
 
 
 def requester_text(review: Review) -> str:
-    """Who asked, from the request: user, requested-by, and the descheduler's reason."""
+    """Who asked, as the request says: user, requested-by, and the descheduler's reason (each escaped and cut
+    to ``text.MAX_FIELD`` characters: ``text.printable``)."""
     ev = review.eviction
+    requested_by, username = printable(ev.requested_by), printable(ev.username)
     parts = []
-    if ev.requested_by:
-        parts.append(ev.requested_by)
-    if ev.username and ev.username != ev.requested_by:
-        parts.append(f"as {ev.username}" if parts else ev.username)
+    if requested_by:
+        parts.append(requested_by)
+    if username and username != requested_by:
+        parts.append(f"as {username}" if parts else username)
     who = " ".join(parts) or "unknown requester"
     if ev.eviction_reason:
-        why = ev.eviction_reason
-        if len(why) > MAX_EVICTION_REASON:
-            why = why[: MAX_EVICTION_REASON - 3] + "..."
-        who += f" ({why})"
+        who += f" ({printable(ev.eviction_reason)})"
     return who
 
 
 def event_message(review: Review, decision: Decision) -> str:
+    pod = printable(review.eviction.name)
     if decision.allowed:
         node = decision.pod.node if decision.pod is not None and decision.pod.node else "-"
-        text = (f"Eviction of pod {review.eviction.name} on node {node} allowed, the VM will live-migrate: "
+        text = (f"Eviction of pod {pod} on node {node} allowed, the VM is live-migrating: "
                 f"{decision.message}; requested by {requester_text(review)}")
     else:
-        text = (f"Eviction of pod {review.eviction.name} denied ({decision.reason}): {decision.message}; "
-                f"requested by {requester_text(review)}")
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+        text = f"Eviction of pod {pod} denied ({decision.reason}): {decision.message}; requested by {requester_text(review)}"
+    return printable(text, MAX_MESSAGE)
+
+
+def migration_followed(view: ClusterView, vmi: VMIRecord, since: float) -> bool:
+    """What the watch shows after an allowed eviction of ``vmi``'s pod at ``since``: KubeVirt marked the VMI
+    for evacuation, or a migration of it began (a VMIM created, a migration started) since then."""
+    now = view.vmi(vmi.namespace, vmi.name)
+    if now is None or (vmi.uid and now.uid != vmi.uid):
+        return False
+    if now.evacuation_node:
+        return True
+    after = since - CONFIRM_SKEW
+    if now.migration is not None and now.migration.start is not None and now.migration.start >= after:
+        return True
+    return any(m.created is not None and m.created >= after for m in view.migrations(vmi.namespace, vmi.name))
 
 
 @dataclass
@@ -126,11 +146,12 @@ class EventRecorder:
         self.monotonic = monotonic
         self.instance = instance or os.environ.get("HOSTNAME", "") or COMPONENT
         self._series: OrderedDict[tuple[str, str, str], Series] = OrderedDict()
+        self._confirming: dict[tuple[str, str], ConfirmJob] = {}  # allowed evictions waiting for their migration
         self._lock = threading.Lock()
 
     # ---- request path -------------------------------------------------------------
 
-    def record(self, review: Review, decision: Decision) -> None:
+    def record(self, review: Review, decision: Decision, times: int = 1) -> None:
         """Count one decision and make sure a flush is queued; never blocks on I/O."""
         vmi = decision.vmi
         if vmi is None:
@@ -147,7 +168,7 @@ class EventRecorder:
                 self._series.move_to_end(key)
             if s.pending == 0:
                 s.first = now
-            s.pending += 1
+            s.pending += times
             s.last = now
             s.message = event_message(review, decision)
             s.vmi_uid = vmi.uid or s.vmi_uid
@@ -155,6 +176,29 @@ class EventRecorder:
         queued = self.queue.submit(FlushJob(self, key), delay)  # False: a flush for the series is waiting
         if delay > 0 or not queued:
             self.metrics.events_rate_limited_by(decision.reason).inc()
+
+    def record_allowed(self, view: ClusterView, review: Review, decision: Decision) -> None:
+        """An allowed eviction becomes an Event only once the watch shows the migration it started: anyone
+        who reaches the webhook can send a review, but only a real eviction makes KubeVirt move the VM."""
+        vmi = decision.vmi
+        if vmi is None:
+            return
+        key = (vmi.namespace, vmi.name)
+        with self._lock:
+            job = self._confirming.get(key)
+            if job is not None and self.clock() - job.since < 2 * sum(CONFIRM_DELAYS):  # (else: lost to a full queue)
+                # one look-out per VMI, however many reviews name it: it counts them
+                job.review, job.decision, job.occurrences = review, decision, job.occurrences + 1
+                return
+            job = self._confirming[key] = ConfirmJob(self, view, review, decision, self.clock())
+        self.queue.submit(job, CONFIRM_DELAYS[0])
+
+    def _confirmed(self, job: ConfirmJob, found: bool) -> None:
+        with self._lock:
+            self._confirming.pop(job.key[1:], None)
+            review, decision, times = job.review, job.decision, job.occurrences
+        if found:
+            self.record(review, decision, times)
 
     # ---- worker -------------------------------------------------------------------
 
@@ -227,3 +271,55 @@ class FlushJob:
     def run(self) -> str:
         return self.recorder.flush(self._series_key)
 
+
+
+class ConfirmJob:
+    """Looks for the migration an allowed eviction started (``migration_followed``), at growing intervals for
+    about half a minute; found, the evictions that named the VMI meanwhile are recorded like denials (one
+    aggregated Event per VMI). At most one per VMI is waiting, so forged reviews cannot crowd the queue."""
+
+    kind = KIND
+
+    def __init__(self, recorder: EventRecorder, view: ClusterView, review: Review, decision: Decision,
+                 since: float) -> None:
+        self.recorder, self.view, self.review, self.decision = recorder, view, review, decision
+        self.since, self.attempt, self.occurrences = since, 0, 1
+        vmi = decision.vmi
+        assert vmi is not None
+        self.vmi = vmi
+        self.key = ("event-confirm", vmi.namespace, vmi.name)
+
+    def run(self) -> str:
+        if migration_followed(self.view, self.vmi, self.since):
+            self.recorder._confirmed(self, True)
+            return "confirmed"
+        self.attempt += 1
+        if self.attempt >= len(CONFIRM_DELAYS):
+            self.recorder._confirmed(self, False)
+            log.info("allowed eviction not followed by a migration; no EvictionAllowed Event",
+                     extra={"namespace": self.vmi.namespace, "vmi": self.vmi.name, "uid": printable(self.review.uid)})
+            return "unconfirmed"
+        if not self.recorder.queue.submit(self, CONFIRM_DELAYS[self.attempt]):
+            self.recorder._confirmed(self, False)  # cannot happen: the key is ours alone
+        return "waiting"
+
+
+def vmi_event(namespace: str, name: str, uid: str, reason: str, message: str, now: float, instance: str,
+              kind: str = "Warning") -> dict[str, Any]:
+    """A one-off core/v1 Event on a VMI (the canceller's and the held-node watch's; no series)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                           "namespace": namespace, "name": name, "uid": uid},
+        "reason": reason,
+        "message": message,
+        "type": kind,
+        "count": 1,
+        "firstTimestamp": format_timestamp(now),
+        "lastTimestamp": format_timestamp(now),
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
+    }

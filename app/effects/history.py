@@ -181,8 +181,10 @@ class HistoryRecorder:
 
     def __init__(self, view: HistoryView, api: EffectsApi, queue: EffectQueue, settings: PolicySettings, *,
                  clock: Callable[[], float] = time.time, ready: Callable[[], bool] = lambda: True,
-                 interval: float = RECONCILE_INTERVAL) -> None:
+                 interval: float = RECONCILE_INTERVAL, passes=None) -> None:
+        """``passes``: a counter child incremented after each reconcile (``background_passes_total``)."""
         self.view, self.api, self.queue, self.settings = view, api, queue, settings
+        self.passes = passes
         self.clock, self.ready, self.interval = clock, ready, interval
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -252,5 +254,7 @@ class HistoryRecorder:
             except Exception:  # a bug must not end the safety net
                 log.exception("history reconcile failed")
                 continue
+            if self.passes is not None:
+                self.passes.inc()
             if queued:
                 log.info("history reconcile queued writes", extra={"vmis": queued})

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import orjson
 import urllib3
-from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes.client import ApiClient, AuthorizationV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from app.effects.queue import Retry
@@ -66,6 +66,14 @@ class EffectsApi(Protocol):
 
     def cancel_evacuation(self, namespace: str, name: str, node: str) -> None:
         """KubeVirt (v1.8+) ``evacuate/cancel`` subresource: clear the VMI's mark for ``node``."""
+        ...
+
+    def serves(self, group: str, version: str, resource: str) -> bool:
+        """Discovery: does the API server list ``resource`` in ``group/version``?"""
+        ...
+
+    def allowed(self, verb: str, group: str, resource: str, subresource: str = "", namespace: str = "") -> bool:
+        """A SelfSubjectAccessReview: may the guard's own identity do this?"""
         ...
 
 
@@ -146,6 +154,31 @@ class KubeEffectsApi:
             raise PermanentApiError(f"{resp.status} {resp.reason or ''}".strip())
 
 
+    def serves(self, group: str, version: str, resource: str) -> bool:
+        try:
+            body = self._call(self.custom.get_api_resources, group, version)
+        except NotFound:
+            return False  # the group/version is not served at all
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise TransientApiError(f"discovery of {group}/{version}: response is not JSON") from None
+        listed = doc.get("resources") if isinstance(doc, dict) else None
+        return any(isinstance(r, dict) and r.get("name") == resource for r in listed or ())
+
+    def allowed(self, verb: str, group: str, resource: str, subresource: str = "", namespace: str = "") -> bool:
+        attrs = {"verb": verb, "group": group, "resource": resource}
+        attrs.update({k: v for k, v in (("subresource", subresource), ("namespace", namespace)) if v})
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": attrs}}
+        body = self._call(AuthorizationV1Api(self.custom.api_client).create_self_subject_access_review, review)
+        try:
+            status = orjson.loads(body).get("status") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            raise TransientApiError("SelfSubjectAccessReview: response is not a review") from None
+        return status.get("allowed") is True
+
+
 class LogOnlyApi:
     """No API server (snapshot mode): log each write the guard would make, succeed."""
 
@@ -169,6 +202,12 @@ class LogOnlyApi:
 
     def cancel_evacuation(self, namespace: str, name: str, node: str) -> None:
         log.info("would cancel evacuation (no API server)", extra={"namespace": namespace, "vmi": name, "node": node})
+
+    def serves(self, group: str, version: str, resource: str) -> bool:
+        return False  # no API server: nothing is served
+
+    def allowed(self, verb: str, group: str, resource: str, subresource: str = "", namespace: str = "") -> bool:
+        return False
 
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         log.info("would patch VMI (no API server)", extra={"namespace": namespace, "vmi": name,

@@ -7,7 +7,7 @@ on Prometheus. A failed round keeps the previous snapshot (with the error), whic
 ages past ``max_age`` and then fails open in policy (``metrics_unavailable``).
 
 HTTP by httpx: per-phase timeouts, a connection pool kept across rounds, TLS
-verification against a given CA. (prometheus-api-client would bring pandas and
+verification against a given CA. A bearer token is only ever sent over https. (prometheus-api-client would bring pandas and
 numpy for a dozen GETs of ``/api/v1/query``.)
 """
 
@@ -136,6 +136,9 @@ class PrometheusSource:
             raise SettingsProblem(f"--prometheus-url: must be an http(s) URL, got {url!r}")
         if interval <= 0:
             raise SettingsProblem(f"--prometheus-interval: must be positive, got {interval}")
+        if token_file is not None and parts.scheme != "https":
+            raise SettingsProblem(f"--prometheus-url: must be https:// when --prometheus-token-file is given (the "
+                                  f"bearer token would cross the network in clear text), got {url!r}")
         self.url = url.rstrip("/")
         self.token_file = token_file
         if token_file is not None:

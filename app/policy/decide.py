@@ -17,11 +17,17 @@ from app.domain.records import (
     DESCHEDULER_SOURCE,
     DRAIN_PRIORITY,
     EXEMPT_OVERRIDE,
+    LIVE_MIGRATE_IF_POSSIBLE,
     PREFER_NO_EVICTION,
+    RECEIVE,
+    SEND_TO,
+    STRATEGY_NONE,
+    KubeVirtRecord,
     LauncherPod,
     MigrationRecord,
     NodeRecord,
     VMIRecord,
+    arrived_by_state,
 )
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
@@ -99,18 +105,27 @@ def decide(
     if node is not None and node.draining:
         return _allow(Reason.ALLOWED, f'node "{pod.node}" is being drained ({node.drain}): drains are never held back',
                       dry, vmi, pod)
+    # 7n. the VM cannot live-migrate: KubeVirt would let the eviction through and the VM would stop
+    if descheduler and settings.refuse_not_migratable:
+        why = not_migratable(vmi, view.kubevirt())
+        if why is not None:
+            msg = (f'VMI "{vmi.namespace}/{vmi.name}" cannot live-migrate ({why}): KubeVirt would let this eviction '
+                   "through and the VM would be shut down, not moved; choose another candidate")
+            return _deny(Reason.NOT_MIGRATABLE, msg, dry, vmi, pod)
     # 7a. the VM prefers not to be evicted by the descheduler
     if descheduler and settings.honor_prefer_no_eviction and (vmi.prefer_no_eviction or pod.prefer_no_eviction):
         msg = (f'VMI "{vmi.namespace}/{vmi.name}" prefers not to be evicted by the descheduler ({PREFER_NO_EVICTION});'
                " choose another candidate")
         return _deny(Reason.PREFER_NO_EVICTION, msg, dry, vmi, pod)
-    # 8. the node already has VMs leaving
-    leaving = others_leaving(pod.node, vmi, view, now, settings)
+    # 8. the node already has VMs leaving (until each departure ends: stuck and waiting ones too)
     budget = settings.pending_evacuations_per_node
-    if budget > 0 and len(leaving) >= budget:
-        names = ", ".join(leaving[:MAX_NAMES]) + (", ..." if len(leaving) > MAX_NAMES else "")
-        msg = f'node "{pod.node}" already has {len(leaving)} VM(s) leaving ({names}); retry after they finish'
-        return _deny(Reason.NODE_BUSY, msg, dry, vmi, pod, leaving=tuple(leaving))
+    if budget > 0:
+        leaving = others_leaving(pod.node, vmi, view)
+        if len(leaving) >= budget:
+            shown = [describe_leaver(key, view, pod.node, now, settings) for key in leaving[:MAX_NAMES]]
+            names = ", ".join(shown) + (", ..." if len(leaving) > MAX_NAMES else "")
+            msg = f'node "{pod.node}" already has {len(leaving)} VM(s) leaving ({names}); retry after they finish'
+            return _deny(Reason.NODE_BUSY, msg, dry, vmi, pod, leaving=tuple(f"{ns}/{n}" for ns, n in leaving))
     # 8b. the descheduler moved a VM off this node a short while ago
     rest = source_cooldown(pod.node, view, now, settings)
     if rest is not None and rest.active:
@@ -203,6 +218,8 @@ def is_movable(view: ClusterView, key: tuple[str, str], node: str, now: float, s
         return False
     if settings.honor_prefer_no_eviction and other.prefer_no_eviction:
         return False  # rule 7a refuses it: holding the others back for it would hold the node for ever
+    if settings.refuse_not_migratable and not_migratable(other, view.kubevirt()) is not None:
+        return False  # rule 7n refuses it, likewise
     migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
     if describe_in_flight(other, migrations, now):
         return False
@@ -233,14 +250,19 @@ def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
     started and not ended, or a VMIM in a non-final phase (queued or running, which
     KubeVirt shows on the VMIM before the VMI's ``migrationState`` has it)."""
     state = vmi.migration
+    blocked = blocking_migration(migrations)
+    waiting = f"; waiting: {blocked_text(blocked)}" if blocked is not None else ""
     if state is not None and state.in_flight:
         since = f" {format_duration(now - state.start)} ago" if state.start is not None else ""
         route = f" from {state.source_node or '?'} to {state.target_node or '?'}"
-        return f"live migration{route} started{since} is in flight"
+        return f"live migration{route} started{since} is in flight{waiting}"
     pending = [m for m in migrations if not m.finished]
     if pending:
-        m = min(pending, key=lambda m: m.created or 0.0)
-        return f"migration {m.namespace}/{m.name} is {m.phase or 'queued'}"
+        m = blocked if blocked is not None else min(pending, key=lambda m: m.created or 0.0)
+        kind = {SEND_TO: "decentralized migration (sendTo: leaving for another namespace or cluster) ",
+                RECEIVE: "decentralized migration (receive: arriving from another namespace or cluster) "}.get(
+                    m.decentralized, "migration ")
+        return f"{kind}{m.namespace}/{m.name} is {m.phase or 'queued'}{waiting}"
     return ""
 
 
@@ -254,33 +276,152 @@ def in_scope(req: EvictionRequest, settings: PolicySettings) -> bool:
     return settings.cooldown_scope == SCOPE_ALL or is_descheduler(req, settings)
 
 
-def others_leaving(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings) -> list[str]:
-    """Rule 8: the other VMs leaving ``node`` whose departure is not stale, as "NS/NAME"."""
+def others_leaving(node: str, vmi: VMIRecord, view: ClusterView) -> list[tuple[str, str]]:
+    """Rule 8: the other VMs leaving ``node``, sorted (namespace, name). Every departure counts until it
+    ends: the VM left, or it is no longer marked and has no unfinished VMIM. A stuck or a waiting one
+    counts too: letting a second VM go beside it is the second retry loop the budget exists to prevent."""
     out = []
-    namespace, name = vmi.namespace, vmi.name
+    key = vmi.key
     for other in view.leaving_candidates(node):
-        if other.name == name and other.namespace == namespace:
+        if other.key == key:
             continue
-        migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
-        if not is_leaving(other, migrations, node):
-            continue
-        age = leaving_age(other, migrations, node, now)
-        if age is not None and age > settings.evacuation_stale_after:
-            continue
-        if stuck_evacuation(other, migrations, None, now, settings, age=age) is not None:
-            continue
-        out.append(f"{other.namespace}/{other.name}")
+        if is_leaving(other, relevant_migrations(other, view.migrations(other.namespace, other.name)), node):
+            out.append(other.key)
     out.sort()
     return out
 
 
 def is_leaving(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str) -> bool:
+    """Marked for evacuation from ``node``, or migrating away from it (its in-flight ``migrationState``, or
+    an unfinished VMIM while it runs there). The receiving side of a decentralized migration leaves nothing."""
     if vmi.evacuation_node == node:
         return True
     state = vmi.migration
-    if state is not None and state.in_flight and (state.source_node or vmi.node) == node:
+    if state is not None and state.in_flight and (state.source_node or vmi.node) == node \
+            and not arrived_by_state(vmi, migrations):
         return True
-    return vmi.node == node and any(not m.finished for m in migrations)
+    return vmi.node == node and any(not m.finished and m.decentralized != RECEIVE for m in migrations)
+
+
+@dataclass(slots=True, frozen=True)
+class Leaver:
+    """One VM leaving a node, as people need to see it: how long, and whether it is stuck or waiting."""
+
+    namespace: str
+    name: str
+    age: float | None  # seconds since its departure began; None if unknown
+    stuck: StuckEvacuation | None = None
+    blocked: MigrationRecord | None = None  # its unfinished VMIM that a KubeVirt condition holds back
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def state(self) -> str:
+        """"" for an ordinary departure, else "stuck: WHY" or "waiting: CONDITION: REASON"."""
+        if self.blocked is not None:
+            return f"waiting: {blocked_text(self.blocked)}"
+        if self.stuck is not None:
+            return f"stuck: {self.stuck.why}"
+        return ""
+
+
+def leaver(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str, node_rec: NodeRecord | None, now: float,
+           settings: PolicySettings) -> Leaver:
+    age = leaving_age(vmi, migrations, node, now)
+    blocked = blocking_migration(migrations)
+    stuck = None if blocked is not None else stuck_evacuation(vmi, migrations, node_rec, now, settings, age=age)
+    return Leaver(vmi.namespace, vmi.name, age, stuck, blocked)
+
+
+def describe_leaver(key: tuple[str, str], view: ClusterView, node: str, now: float, settings: PolicySettings) -> str:
+    """ "NS/NAME", with "(stuck: ...)" or "(waiting: ...)" when its departure is not an ordinary one."""
+    other = view.vmi(*key)
+    if other is None:
+        return "/".join(key)
+    migrations = relevant_migrations(other, view.migrations(*key))
+    one = leaver(other, migrations, node, view.node(node), now, settings)
+    return f"{one.ref} ({one.state})" if one.state else one.ref
+
+
+def leavers(node: str, view: ClusterView, now: float, settings: PolicySettings) -> list[Leaver]:
+    """Every VM leaving ``node`` (rule 8's count), oldest departure first (unknown ages last)."""
+    node_rec = view.node(node)
+    out = []
+    for vmi in view.leaving_candidates(node):
+        migrations = relevant_migrations(vmi, view.migrations(vmi.namespace, vmi.name))
+        if is_leaving(vmi, migrations, node):
+            out.append(leaver(vmi, migrations, node, node_rec, now, settings))
+    out.sort(key=lambda x: (x.age is None, -(x.age or 0.0), x.namespace, x.name))
+    return out
+
+
+@dataclass(slots=True, frozen=True)
+class HeldNode:
+    """A node rule 8 holds (its leavers fill the budget) for longer than ``evacuationStaleAfter``."""
+
+    node: str
+    held_for: float  # seconds since the budget filled: the age of the budget-th oldest departure
+    holders: tuple[Leaver, ...]  # the oldest departures, the ones that fill the budget
+
+
+def held_node(node: NodeRecord, view: ClusterView, now: float, settings: PolicySettings) -> HeldNode | None:
+    """The node as rule 8 sees it: held for longer than ``evacuationStaleAfter`` (None otherwise, and for a
+    node being drained, which rule 8 never holds)."""
+    budget = settings.pending_evacuations_per_node
+    if budget <= 0 or node.draining:
+        return None
+    out = leavers(node.name, view, now, settings)
+    if len(out) < budget:
+        return None
+    holders = tuple(out[:budget])
+    held_for = holders[-1].age
+    if held_for is None or held_for <= settings.evacuation_stale_after:
+        return None
+    return HeldNode(node.name, held_for, holders)
+
+
+def fix_for(one: Leaver) -> str:
+    """What an admin can do about a departure that holds a node."""
+    ref = f"virtctl evacuate-cancel vmi {one.name} -n {one.namespace}"
+    if one.blocked is not None:
+        return (f"it waits for KubeVirt ({one.blocked.blocked}); resolve that, or stop the evacuation "
+                f"({ref}); the guard never cancels a waiting evacuation")
+    if one.stuck is not None:
+        return (f"{ref} (KubeVirt then creates no new migration), or let the guard's canceller do it "
+                "(--cancel-stuck-evacuations, on by default where KubeVirt serves evacuate/cancel)")
+    return f"wait for its migration, or stop KubeVirt's retries with {ref}"
+
+
+def blocking_migration(migrations: Sequence[MigrationRecord]) -> MigrationRecord | None:
+    """An unfinished VMIM that a KubeVirt condition holds back (a backup, a quota, ...): the migration
+    waits, it is not failing."""
+    return next((m for m in migrations if m.blocked and not m.finished), None)
+
+
+def blocked_text(m: MigrationRecord) -> str:
+    return f"{m.blocked}" + (f" ({m.blocked_reason})" if m.blocked_reason else "")
+
+
+def not_migratable(vmi: VMIRecord, kubevirt: KubeVirtRecord | None) -> str | None:
+    """Rule 7n: why an eviction would shut the VM down instead of moving it, as KubeVirt's eviction
+    admitter decides (``VMIMigratableOnEviction``); None when it would move it, or when we cannot tell
+    (no strategy on the VMI and no KubeVirt CR known; a LiveMigratable condition that is absent)."""
+    if vmi.eviction_strategy:
+        strategy, where = vmi.eviction_strategy, "spec.evictionStrategy"
+    elif kubevirt is not None:
+        strategy = kubevirt.effective_eviction_strategy
+        where = ("the KubeVirt CR's evictionStrategy" if kubevirt.eviction_strategy
+                 else "KubeVirt's default: the KubeVirt CR sets no evictionStrategy")
+    else:
+        return None
+    if strategy == STRATEGY_NONE:
+        return f"evictionStrategy {STRATEGY_NONE}, from {where}"
+    if strategy == LIVE_MIGRATE_IF_POSSIBLE and vmi.migratable and vmi.migratable != "True":
+        because = vmi.migratable_reason or "no reason given"
+        return f"LiveMigratable {vmi.migratable}: {because}; evictionStrategy {strategy}, from {where}"
+    return None
 
 
 def leaving_age(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str, now: float) -> float | None:
@@ -347,8 +488,9 @@ def is_descheduler_caused(vmi: VMIRecord, episode: Sequence[MigrationRecord]) ->
 
 def stuck_evacuation(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: NodeRecord | None, now: float,
                      settings: PolicySettings, age: float | None = None) -> StuckEvacuation | None:
-    """The VM's evacuation is stuck: caused by the descheduler, not part of a drain, and
-    ``evacuationStaleAfterFailures`` failed attempts or older than ``evacuationStaleAfter``.
+    """The VM's evacuation is stuck: caused by the descheduler, not part of a drain, not waiting on a
+    KubeVirt condition (``blocking_migration``), and ``evacuationStaleAfterFailures`` failed attempts or
+    older than ``evacuationStaleAfter``.
 
     ``node`` is the node being left (None: unknown, taken as not draining); ``age`` saves
     recomputing it when the caller has it. The VM is leaving when it is marked, or when a
@@ -357,6 +499,8 @@ def stuck_evacuation(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node
     source = vmi.evacuation_node or next((m.evacuation_node for m in migrations if not m.finished and m.evacuation_node), "")
     if not source or (node is not None and node.draining):
         return None
+    if blocking_migration(migrations) is not None:
+        return None  # waiting for KubeVirt (a backup, a quota, ...): blocked is not stuck
     episode = evacuation_episode(vmi, migrations, source)
     if not is_descheduler_caused(vmi, episode):
         return None

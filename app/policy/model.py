@@ -23,6 +23,7 @@ class Reason:
     EVACUATION_STUCK = "evacuation_stuck"
     MIGRATION_IN_PROGRESS = "migration_in_progress"
     EVACUATION_PENDING = "evacuation_pending"
+    NOT_MIGRATABLE = "not_migratable"
     PREFER_NO_EVICTION = "prefer_no_eviction"
     NODE_BUSY = "node_busy"
     NODE_COOLDOWN = "node_cooldown"
@@ -44,6 +45,7 @@ class PolicySettings:
     cooldown_scope: str = SCOPE_DESCHEDULER
     descheduler_users: frozenset[str] = frozenset()
     pending_evacuations_per_node: int = 1
+    # a node held by rule 8 longer than this is shown (Event, gauge, alert); also rule 5a's "stuck by age"
     evacuation_stale_after: float = 3600.0
     # a descheduler-caused evacuation with this many failed attempts is stuck (rules 5a and 8); 0: by age only
     evacuation_stale_after_failures: int = 3
@@ -51,6 +53,7 @@ class PolicySettings:
     steering_min_gain: float = 5.0  # best move must lower the higher of hot/target score by this much
     steering_margin: float = 5.0  # another VM must beat this one by more than this to hold it back
     honor_prefer_no_eviction: bool = True
+    refuse_not_migratable: bool = True  # rule 7n
     # rules 8b/8c, node cooldowns (0 = off): floor, doubled per descheduler move of the node within
     # node_cooldown_window (0 = never doubled), capped at max_node_cooldown (0 = no cap)
     node_cooldown: float = 0.0

@@ -40,7 +40,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.sim.kubevirt import Answer, KubeVirt, Pod
 from app.sim.scenario import DeschedulerSettings
@@ -110,6 +110,7 @@ class CycleResult:
     classification: Classification
     sent: int = 0  # eviction requests sent
     started: int = 0  # answered allowed or background (a new eviction)
+    started_on: Counter = field(default_factory=Counter)  # new evictions per node
     blocked_by_in_flight: bool = False  # an overutilised node, nothing evicted, limits full of in-flight entries
 
 
@@ -242,6 +243,7 @@ class Descheduler:
             sent += 1
             state["total"] += 1
             result.started += 1
+            result.started_on[node] += 1
             if passed_over:
                 self.redirected += 1
                 passed_over = False

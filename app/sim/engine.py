@@ -67,6 +67,7 @@ class RunData:
     stall_seconds: int = 0
     stall_by_vm: Counter = field(default_factory=Counter)  # stall seconds each failing VM held a cache entry through
     longest_stall_seconds: int = 0  # the longest unbroken run of stalled cycles
+    stall_by_node: Counter = field(default_factory=Counter)  # seconds each hot node was held by a failing leaver
     blocked_seconds: int = 0
     descheduler_cycles: int = 0
     active_cycles: int = 0
@@ -200,7 +201,7 @@ class Simulation:
         d.descheduler_cycles = self.desched.cycles
         d.active_cycles = self.desched.active_cycles
         d.concurrent_evacuations = self.kv.concurrent_evacuations
-        d.max_leaving_per_node = self.kv.max_marked_on_one_node
+        d.max_leaving_per_node = self.kv.max_leaving_per_node
         d.policy_calls = self.mode.policy_calls
         d.evacuations_cancelled = self.mode.canceller.cancelled if self.mode.canceller is not None else 0
         return d
@@ -243,11 +244,21 @@ class Simulation:
 
     def _account_stall(self, now: int, result: CycleResult) -> None:
         """Stall: an overutilised node, no new eviction, the limits full of in-flight
-        entries, and one of them a VM whose evacuation keeps failing."""
+        entries, and one of them a VM whose evacuation keeps failing. Per node: an
+        overutilised node that is not being drained, from which the cycle started no
+        eviction while a descheduler-caused evacuation of it had failed at least once
+        (the stall stays local to that node when the rest of the cluster moves on)."""
+        span = min(self.ds.interval, self.duration - now)
+        if result.classification.act:
+            for name in result.classification.over:
+                node = self.kv.node_by_name[name]
+                if result.started_on[name] or node.cordoned or node.no_schedule:
+                    continue
+                if any(v.failures_since_success > 0 for v in self.kv.descheduler_leavers(name)):
+                    self.data.stall_by_node[name] += span
         if not result.blocked_by_in_flight:
             self._stall_run = 0
             return
-        span = min(self.ds.interval, self.duration - now)
         self.data.blocked_seconds += span
         pods = self.kv.pods
         stuck = {pods[name].vmi.name for name in self.desched.cache

@@ -10,13 +10,15 @@ A mode is a *baseline* (how the descheduler is set up) optionally followed by
 - ``node-limit-1``: ``upstream`` with ``evictionLimits.node: 1``;
 - ``BASELINE+guard``: this project's ``app.policy.decide``, unchanged, as a
   mutating webhook (so it runs before KubeVirt's) deciding on a real
-  ``ClusterStore`` that KubeVirt's simulated objects are published into;
-- ``BASELINE+steer``: the same guard with steering (rule 10) on, fed by a
-  modelled Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted);
-- ``BASELINE+guard-cancel``: the guard plus its canceller: every ``CANCEL_INTERVAL``
-  it cancels, through KubeVirt's ``evacuate/cancel``, each evacuation that
+  ``ClusterStore`` that KubeVirt's simulated objects are published into, with
+  its canceller, on by default where KubeVirt serves ``evacuate/cancel`` (v1.8+):
+  every ``CANCEL_INTERVAL`` it cancels each evacuation that
   ``app.policy.decide.stuck_evacuation`` calls stuck (descheduler-caused, never
-  a drain's).
+  a drain's);
+- ``BASELINE+guard-nocancel``: the guard where the canceller cannot work
+  (KubeVirt 1.7, or RBAC without the rule);
+- ``BASELINE+steer``: the same guard with steering (rule 10) on, fed by a
+  modelled Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted).
 
 A new baseline or guard variant is one entry in ``BASELINES`` or
 ``GUARD_VARIANTS``. A variant's settings are the guard's defaults, then the
@@ -36,6 +38,7 @@ from app.policy.cancel import evacuations_to_cancel
 from app.policy.cooldown import vm_settings
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
+from app.sim.options import MODES as DEFAULT_MODES
 
 DESCHEDULER, KUBECTL, AUTOSCALER = "descheduler", "kubectl", "autoscaler"
 USERS = {
@@ -57,7 +60,7 @@ class GuardVariant:
     description: str
     settings: dict = field(default_factory=dict)  # setting names, applied last
     steering: bool = False  # rule 10, fed by app.sim.prometheus.ModelledPrometheus
-    cancel: bool = False  # the guard cancels stuck descheduler evacuations (--cancel-stuck-evacuations)
+    cancel: bool = True  # the canceller runs (the default where KubeVirt serves evacuate/cancel)
 
 
 BASELINES = {
@@ -66,10 +69,10 @@ BASELINES = {
     "node-limit-1": Baseline("upstream with evictionLimits.node: 1", eviction_limit_node=1),
 }
 GUARD_VARIANTS = {
-    "guard": GuardVariant("the guard with its default settings and the scenario's guard block"),
+    "guard": GuardVariant("the guard with its default settings (canceller on) and the scenario's guard block"),
+    "guard-nocancel": GuardVariant("the guard where its canceller cannot work (KubeVirt < 1.8, or no RBAC rule)",
+                                   cancel=False),
     "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
-    "guard-cancel": GuardVariant("the guard that also cancels stuck descheduler evacuations (evacuate/cancel)",
-                                 cancel=True),
     # the node-cooldown variants: the default guard plus the settings named (bench/sim_candidates.sh measures them)
     "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubled per departure within 1h, cap 1h",
                                    {"nodeCooldown": "15m"}),
@@ -84,7 +87,7 @@ GUARD_VARIANTS = {
                                  "targetNodeCooldownChurnOnly": "true"}),
 }
 ALIASES = {"off": "upstream"}
-MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard")
+MODES = DEFAULT_MODES  # the default comparison (app.sim.options: the command line reads it without this module)
 
 
 @dataclass(frozen=True)

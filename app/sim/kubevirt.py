@@ -39,6 +39,7 @@ from app.domain.records import (
     EVACUATION_MIGRATION,
     EVICTION_IN_PROGRESS,
     MIGRATION_JOB_LABEL,
+    kubevirt_from_object,
     migration_from_object,
     node_from_object,
     pod_from_object,
@@ -207,13 +208,16 @@ class KubeVirt:
         self.copying: dict[str, list[Migration]] = {n.name: [] for n in nodes}  # by source node
         self.outbound: dict[str, int] = {n.name: 0 for n in nodes}
         self.marked_on: dict[str, int] = {n.name: 0 for n in nodes}
-        self.max_marked_on_one_node = 0  # VMs marked at once on one node that is not being drained
+        # the most descheduler-caused VMs leaving one node at once while it was not being drained
+        # (docs/decisions.md, the node budget's invariant); see descheduler_leavers
+        self.max_leaving_per_node = 0
         self.finished: list[MigrationRun] = []
         self.concurrent_evacuations = 0  # descheduler marked a VM while another was marked on that node
         self.listeners: list[Callable[[Migration], None]] = []  # told of every finished migration
         self.pod_listeners: list[Callable[[Pod, int], None]] = []  # the pod informer: update events
         self.pod_delete_listeners: list[Callable[[Pod], None]] = []
         self._seq = 0
+        self.publish_kubevirt()
         for n in nodes:
             self.publish_node(n)
         for vm, node_index in zip(vms, placement):
@@ -224,6 +228,15 @@ class KubeVirt:
             self.publish_vmi(vmi)
 
     # ---- publication into the store (as the API server's objects) ------------
+
+    def publish_kubevirt(self) -> None:
+        """The KubeVirt CR: the migration limits modelled here, and LiveMigrate for every VM (all are migratable)."""
+        self.store.upsert(kubevirt_from_object({
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"configuration": {"evictionStrategy": "LiveMigrate", "migrations": {
+                "parallelOutboundMigrationsPerNode": self.s.parallel_outbound_migrations_per_node,
+                "parallelMigrationsPerCluster": self.s.parallel_migrations_per_cluster}}},
+        }))
 
     def publish_node(self, n: Node) -> None:
         spec: dict = {}
@@ -326,13 +339,12 @@ class KubeVirt:
         if from_descheduler and self.marked_on[node] > 0:
             self.concurrent_evacuations += 1
         self.marked_on[node] += 1
-        if not (pod.node.cordoned or pod.node.no_schedule):  # a drain empties its node by design
-            self.max_marked_on_one_node = max(self.max_marked_on_one_node, self.marked_on[node])
         vmi.evacuation_node = node
         vmi.from_descheduler = from_descheduler
         self.publish_vmi(vmi)
         self.schedule(now + ANNOTATION_DELAY, self._sync_annotation, (pod,))
         self._create_vmim(vmi, now)
+        self.observe_leavers(pod.node)
         return Answer(False, f"{BACKGROUND} of {ref}", "kubevirt_evacuation")
 
     # ---- the evacuation and migration controllers ----------------------------
@@ -566,16 +578,38 @@ class KubeVirt:
         """VMs marked for evacuation from ``node``."""
         return self.marked_on[node]
 
+    def descheduler_leavers(self, node: str) -> list[VMI]:
+        """The VMs leaving ``node`` because of the descheduler: marked for evacuation from it by a
+        descheduler eviction, or with an unfinished descheduler-caused VMIM while on it (a VMIM queued
+        or running after its mark was cancelled still moves the VM). A departure ends when the VM
+        left, or when it is no longer marked and has no unfinished VMIM."""
+        out = []
+        for vmi in {p.vmi.name: p.vmi for p in self.pods_on[node].values()}.values():
+            if vmi.node.name != node:
+                continue  # a migration target's pod: the VM runs elsewhere
+            if (vmi.evacuation_node == node and vmi.from_descheduler) or any(
+                    m.end is None and m.priority == PRIORITY_DESCHEDULER for m in vmi.vmims):
+                out.append(vmi)
+        return out
+
+    def observe_leavers(self, node: Node) -> None:
+        """Called where the count can grow (a new mark, a node's drain ending): keeps the maximum
+        over every instant a node is not being drained."""
+        if not (node.cordoned or node.no_schedule):
+            self.max_leaving_per_node = max(self.max_leaving_per_node, len(self.descheduler_leavers(node.name)))
+
     def set_cordoned(self, node: Node, cordoned: bool, now: int) -> None:
         node.cordoned = cordoned
         self.publish_node(node)
         if not cordoned:
+            self.observe_leavers(node)
             self.try_start(now)
 
     def set_no_schedule(self, node: Node, key: str, now: int) -> None:
         node.no_schedule = key
         self.publish_node(node)
         if not key:
+            self.observe_leavers(node)
             self.try_start(now)
 
 

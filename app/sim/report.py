@@ -43,9 +43,13 @@ SIMPLIFICATIONS = (
     "max-pod-eviction-time is not modelled); drained nodes leave the spread.",
     "The plugin model: filter and pre-eviction filter are one check; its history is fed by every migration that "
     "reached migrationState (an attempt whose target never scheduled is not counted).",
-    "Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
-    "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
-    "cycle counts one interval.",
+    ("Stall: a descheduler cycle with an overutilised node that started no new eviction because the limits were "
+     "full of in-flight entries, one of them a VM whose current evacuation has failed at least once; each such "
+     "cycle counts one interval. Per node: an overutilised node (not being drained) from which a cycle started no "
+     "eviction while a descheduler-caused evacuation of it had failed at least once; one interval per such cycle."),
+    ("Leaving a node: marked for evacuation from it by a descheduler eviction, or with an unfinished "
+     "descheduler-caused VMIM (one queued or running after its mark was cancelled still moves the VM); counted "
+     "at every instant the node is not being drained."),
     "Time is whole seconds; object timestamps are truncated to the second, as the API server writes them.",
 )
 
@@ -60,9 +64,11 @@ ROWS = (
     ("spread: std of node score (points)", "spread_score", "{:.2f}"),
     ("spread: std of node CPU (pp)", "spread_cpu", "{:.2f}"),
     ("drain completion (s)", "drain_seconds", "{:.0f}"),
-    ("most VMs leaving one node at once (not drained)", "max_leaving_per_node", "{:.1f}"),
+    ("most VMs leaving one node at once (descheduler-caused, not drained)", "max_leaving_per_node", "{:.1f}"),
     ("descheduler stalled by failing in-flight entries (s)", "stall_seconds", "{:.0f}"),
     ("... longest behind one failing VM (s)", "stall_max_one_vm_seconds", "{:.0f}"),
+    ("hot node held by a failing evacuation: worst node (s)", "stall_node_max_seconds", "{:.0f}"),
+    ("... summed over nodes (s)", "stall_node_seconds", "{:.0f}"),
     ("failed migrations", "failed_migrations", "{:.0f}"),
     ("evictions sent: allowed", "evictions.allowed", "{:.0f}"),
     ("evictions sent: background", "evictions.background", "{:.0f}"),
@@ -73,7 +79,7 @@ ROWS = (
 )
 LISTED = tuple(k for _, k, _ in ROWS if "." not in k) + ("blocked_by_in_flight_seconds", "in_flight_counted_without_request",
                                                           "vms_migrated", "policy_calls",
-                                                          "longest_stall_seconds")
+                                                          "longest_stall_seconds", "stall_nodes")
 
 
 def summary_json(scenario, seeds: list[int], modes: list[str], runs: dict, hours: float | None) -> dict:
@@ -213,8 +219,21 @@ def write_csv(runs: dict, out_dir: Path) -> list[Path]:
     return [spread, migrations]
 
 
+# one look per mode, distinct without colour too (line style and marker), in the order the modes are given
+STYLES = (("tab:blue", "-", "o"), ("tab:orange", "--", "s"), ("tab:green", "-.", "^"), ("tab:red", ":", "D"),
+          ("tab:purple", (0, (5, 1, 1, 1)), "v"), ("tab:brown", (0, (3, 1, 1, 1, 1, 1)), "P"),
+          ("tab:pink", (0, (1, 1)), "X"), ("tab:gray", (0, (8, 2)), "*"), ("tab:olive", "-", "h"),
+          ("tab:cyan", "--", "<"))
+
+
+def style(i: int) -> dict:
+    colour, line, marker = STYLES[i % len(STYLES)]
+    return {"color": colour, "linestyle": line, "marker": marker}
+
+
 def write_plots(summary: dict, runs: dict, seed: int, modes: list[str], out_dir: Path) -> list[Path] | None:
-    """Migrations per hour, spread over time, and a per-VM migration timeline (one seed);
+    """Migrations per hour, spread over time and a per-VM migration timeline (one seed), each as small
+    multiples: one panel per mode on shared axes, the other modes faint behind it for comparison.
     None when matplotlib is not installed."""
     try:
         import matplotlib
@@ -225,56 +244,86 @@ def write_plots(summary: dict, runs: dict, seed: int, modes: list[str], out_dir:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     name = summary["scenario"]
-    paths = []
-    fig, ax = plt.subplots(figsize=(11, 3.4))
+    hours = summary["hours"]
+    per_hour = {}
     for mode in modes:
-        per_hour = runs[(seed, mode)][1]["migrations_per_hour"]
-        total = [a + b for a, b in zip(per_hour["descheduler"], per_hour["drain"])]
-        ax.step(range(len(total)), total, where="post", label=mode)
-    ax.set_title(f"{name} (seed {seed}): migrations started per hour", fontsize=9)
-    ax.set_xlabel("simulated hours")
-    ax.set_ylabel("migrations")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / f"{name}-migrations-per-hour.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(11, 3.4))
-    for mode in modes:
-        pts = runs[(seed, mode)][1]["spread"]
-        ax.plot([p["t"] / 3600 for p in pts], [p["score_std"] for p in pts], linewidth=0.9, label=mode)
-    ax.set_title(f"{name} (seed {seed}): spread, std of node score across schedulable nodes", fontsize=9)
-    ax.set_xlabel("simulated hours")
-    ax.set_ylabel("score points")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / f"{name}-spread.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
-    fig, axes = plt.subplots(len(modes), 1, figsize=(11, 2.2 * len(modes)), sharex=True, squeeze=False)
+        counts = runs[(seed, mode)][1]["migrations_per_hour"]
+        per_hour[mode] = [a + b for a, b in zip(counts["descheduler"], counts["drain"])]
+    spread = {mode: ([p["t"] / 3600 for p in runs[(seed, mode)][1]["spread"]],
+                     [p["score_std"] for p in runs[(seed, mode)][1]["spread"]]) for mode in modes}
+    paths = [
+        _small_multiples(plt, modes, out_dir / f"{name}-migrations-per-hour.png",
+                         f"{name} (seed {seed}): migrations started per hour, one panel per mode",
+                         "migrations", {m: (list(range(len(v) + 1)), v + v[-1:]) for m, v in per_hour.items()},
+                         step=True),
+        _small_multiples(plt, modes, out_dir / f"{name}-spread.png",
+                         f"{name} (seed {seed}): spread, std of node score across schedulable nodes", "score points",
+                         spread, step=False),
+    ]
+    fig, axes = plt.subplots(len(modes), 1, figsize=(11, 1.2 + 1.6 * len(modes)), sharex=True, squeeze=False)
     for ax, mode in zip(axes[:, 0], modes):
         migrations = runs[(seed, mode)][1]["migrations"]
         vms = sorted({r["vm"] for r in migrations})
         row = {vm: i for i, vm in enumerate(vms)}
         for r in migrations:  # a tick at the start, a bar for the duration (most are too short to see)
-            end = r["end"] if r["end"] is not None else summary["hours"] * 3600
+            end = r["end"] if r["end"] is not None else hours * 3600
             colour = "tab:red" if r["failed"] else ("tab:blue" if r["cause"] == "descheduler" else "tab:green")
             ax.plot([r["start"] / 3600, end / 3600], [row[r["vm"]]] * 2, color=colour, linewidth=1.5,
                     solid_capstyle="butt")
             ax.plot([r["start"] / 3600], [row[r["vm"]]], marker="|", color=colour, markersize=4)
-        ax.set_title(f"{mode}: each row a VM that migrated (blue descheduler, green drain, red failed)", fontsize=8)
+        ax.set_title(f"{mode}: {len(migrations)} migrations of {len(vms)} VMs", fontsize=9, loc="left")
         ax.set_ylabel("VM")
         ax.set_yticks([])
+        ax.set_xlim(0, hours)
     axes[-1, 0].set_xlabel("simulated hours")
+    fig.suptitle(f"{name} (seed {seed}): each row a VM that migrated; blue descheduler, green drain, red failed",
+                 fontsize=10)
     fig.tight_layout()
     paths.append(out_dir / f"{name}-timeline.png")
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=90)
     plt.close(fig)
     return paths
 
 
+def _small_multiples(plt, modes: list[str], path: Path, title: str, ylabel: str,
+                     data: dict[str, tuple[list, list]], step: bool) -> Path:
+    """One panel per mode, shared axes; the mode in its own style, every other mode thin and grey behind it."""
+    columns = 1 if len(modes) <= 3 else 2
+    rows = -(-len(modes) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(11, 1.0 + 2.0 * rows), sharex=True, sharey=True,
+                             squeeze=False)
+    for i, mode in enumerate(modes):
+        ax = axes[i // columns][i % columns]
+        for other in modes:
+            if other != mode:
+                x, y = data[other]
+                (ax.step(x, y, where="post") if step else ax.plot(x, y))[0].set(color="0.8", linewidth=0.8)
+        x, y = data[mode]
+        look = style(i)
+        every = max(1, len(x) // 12)
+        if step:
+            ax.step(x, y, where="post", color=look["color"], linestyle=look["linestyle"], linewidth=1.6)
+            ax.plot(x, y, linestyle="none", marker=look["marker"], color=look["color"], markersize=4, markevery=every)
+        else:
+            ax.plot(x, y, linewidth=1.3, markersize=4, markevery=every, **look)
+        ax.set_title(f"{mode} (grey: the other modes)", fontsize=9, loc="left")
+        ax.grid(True, linewidth=0.3, alpha=0.5)
+    for j in range(len(modes), rows * columns):  # an empty last panel: the one above it shows the hours
+        axes[j // columns][j % columns].set_visible(False)
+        axes[j // columns - 1][j % columns].tick_params(labelbottom=True)
+        axes[j // columns - 1][j % columns].set_xlabel("simulated hours")
+    for ax in axes[-1]:
+        ax.set_xlabel("simulated hours")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 BEGIN, END = "<!-- simulate:begin -->", "<!-- simulate:end -->"
-HEADING = "## What the guard does to a cluster"
 
 
 def readme_section(summaries: list[dict], command: str) -> str:
@@ -288,8 +337,10 @@ def readme_section(summaries: list[dict], command: str) -> str:
         "`upstream` (upstream descheduler, background evictions, limits 2/5, no KubeVirt plugin),",
         "`profile` (upstream plus the KubevirtMigrationAware plugin: OpenShift's KubeVirtRelieveAndMigrate as",
         "shipped), `node-limit-1` (upstream with `evictionLimits.node: 1`), and the guard (this project's policy",
-        "code, default settings) in front of `upstream` and of `profile`. Cells are the mean over seeds, with",
-        "min–max in brackets. Spread is time-weighted (sampled every minute) over schedulable nodes.",
+        "code, default settings, its canceller on as where KubeVirt serves `evacuate/cancel`) in front of `upstream`",
+        "and of `profile`, and in front of `upstream` without its canceller (`upstream+guard-nocancel`: KubeVirt < 1.8",
+        "or no RBAC rule). Cells are the mean over seeds, with min–max in brackets. Spread is time-weighted (sampled",
+        "every minute) over schedulable nodes.",
         "",
     ]
     for s in summaries:
@@ -301,11 +352,43 @@ def readme_section(summaries: list[dict], command: str) -> str:
 
 
 def update_readme(path: Path, section: str) -> None:
-    """Replace the text between the markers, or append the section under its heading."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    """Replace the text between the markers (``run.check_readme`` made sure they are there)."""
+    text = path.read_text(encoding="utf-8")
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + f"\n\n{HEADING}\n\n{section}\n"
-    path.write_text(text, encoding="utf-8")
+    if not pattern.search(text):
+        raise ValueError(f"{path}: no {BEGIN} ... {END} section")
+    path.write_text(pattern.sub(lambda _: section, text), encoding="utf-8")
+
+
+def mode_description(mode: str) -> str:
+    from app.sim.guards import parse_mode
+
+    spec = parse_mode(mode)
+    text = spec.baseline.description
+    return text + (f"; in front of KubeVirt: {spec.guard.description}" if spec.guard else "")
+
+
+def out_readme(summaries: list[dict], modes: list[str], command: str, files: dict[str, list[str]]) -> str:
+    """The output folder's README.md: how it was made, what each mode is, what each file holds, the
+    results and the model's simplifications (written here once, not printed on every run)."""
+    lines = ["# Simulator results", "", "Written by", "", f"    {command}", "",
+             "Deterministic: the same command gives the same numbers.", "", "## The modes", "",
+             "Every mode runs the same descheduler model on the same workload; only the protection layer in front "
+             "of KubeVirt differs.", "", "| mode | what runs |", "|---|---|"]
+    lines += [f"| `{m}` | {mode_description(m)} |" for m in modes]
+    lines += ["", "## The files", ""]
+    kinds = {"summary.json": "every number per mode and seed (each metric a list, one value per seed)",
+             "migrations-per-hour.png": "migrations started per hour, one panel per mode (first seed)",
+             "spread.png": "the spread (std of the node score) over time, one panel per mode (first seed)",
+             "timeline.png": "every migration of every VM, one panel per mode (first seed)",
+             "spread.csv": "the spread every 10 minutes, per mode and seed",
+             "migrations.csv": "every migration, per mode and seed"}
+    for folder, names in files.items():
+        for name in names:
+            what = next((v for k, v in kinds.items() if name.endswith(k)), "")
+            lines.append(f"- `{folder + '/' if folder else ''}{name}`: {what}")
+    lines += ["", "## Results", ""]
+    for summary in summaries:
+        lines += [render(summary), ""]
+    lines += ["## Simplifications of the model", ""] + [f"- {x}" for x in SIMPLIFICATIONS]
+    return "\n".join(lines) + "\n"

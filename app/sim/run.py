@@ -4,19 +4,25 @@ comparison as a Markdown table, ``summary.json``, plots and (optionally) CSV tim
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import os
 import shlex
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
 from app.sim.engine import simulate
-from app.sim.guards import MODES, parse_mode
+from app.sim.guards import parse_mode
 from app.sim.metrics import series, summarize
+from app.sim.options import MODES
 from app.sim.report import (
-    SIMPLIFICATIONS,
+    BEGIN,
+    END,
+    out_readme,
     readme_section,
     render,
     summary_json,
@@ -28,21 +34,34 @@ from app.sim.report import (
 from app.sim.scenario import ScenarioError, parse_scenario, read_scenario, scenario_with_seed
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", action="append", required=True, metavar="FILE",
-                   help="scenario YAML (examples/scenarios/); repeat for several")
-    p.add_argument("--seeds", metavar="LIST", help="seeds, e.g. 1-10 or 1,4,7 (default: the scenario's seed)")
-    p.add_argument("--seed", type=int, help=argparse.SUPPRESS)  # older spelling of --seeds N
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {','.join(MODES)} (off = upstream)")
-    p.add_argument("--hours", type=float, help="simulated hours (default: the scenario's)")
-    p.add_argument("--out", metavar="DIR", help="write summary.json, PNG plots (with matplotlib) and CSV here")
-    p.add_argument("--format", choices=("json", "csv"), default="json", help="csv: also write the time series")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
-    p.add_argument("--guard-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a guard setting (its --config name) for the guard modes; repeatable")
-    p.add_argument("--snapshot", metavar="DUMP",
-                   help="start from a cluster dump (kubectl get vmi,vmim,pods,nodes -A -o yaml); load from the scenario")
-    p.add_argument("--readme", metavar="FILE", help="write the comparison into this README between its markers")
+def check_out(out: Path, force: bool) -> None:
+    """Before any run: ``--out`` is a folder this process can write, and empty unless ``--force``."""
+    if out.exists() and not out.is_dir():
+        raise ScenarioError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ScenarioError(f"--out {out}: not empty (an earlier run's results?); --force replaces its files, "
+                            "or choose another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ScenarioError(f"--out {out}: cannot write there: {e.strerror or e}") from None
+
+
+def check_readme(path: Path) -> None:
+    """Before any run: ``--readme`` is an existing Markdown file, writable, with the markers once each."""
+    if path.suffix.lower() not in (".md", ".markdown"):
+        raise ScenarioError(f"--readme {path}: not a Markdown file (.md)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"--readme {path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ScenarioError(f"--readme {path}: needs one {BEGIN} line and, after it, one {END} line "
+                            "(the section between them is replaced)")
+    if not os.access(path, os.W_OK):
+        raise ScenarioError(f"--readme {path}: not writable")
 
 
 def parse_modes(text: str) -> list[str]:
@@ -138,6 +157,10 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
                     guard_settings(guard_settings_for(spec, probe.guard_raw, guard_overrides), "--guard-set")
             plans.append((data, path, probe, seeds))
+        if args.readme:
+            check_readme(Path(args.readme))
+        if args.out:
+            check_out(Path(args.out), args.force)
     except ScenarioError as e:
         print(f"kubevirt-eviction-guard simulate: {e}", file=sys.stderr)
         return 2
@@ -147,10 +170,14 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
             for m in modes:
                 tasks.append((data, path, seed, m, args.hours, guard_overrides, args.snapshot))
                 index.append((probe.name, seed, m))
+    plots = plotting_available()
+    if args.out and not plots:
+        print(f"kubevirt-eviction-guard simulate: no plots: matplotlib is not installed; install it with: "
+              f"{install_command()}", file=sys.stderr)
     t0 = time.perf_counter()
     results = run_matrix(tasks, args.jobs)
     total_wall = time.perf_counter() - t0
-    summaries = []
+    summaries, files = [], {}
     for data, path, probe, seeds in plans:
         runs = {(s, m): r for (name, s, m), r in zip(index, results) if name == probe.name}
         summary = summary_json(probe, seeds, modes, runs, args.hours)
@@ -159,26 +186,56 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
         walls = [runs[(s, m)][2] for s in seeds for m in modes]
         out.write(f"wall time per run: mean {sum(walls) / len(walls):.1f}s, max {max(walls):.1f}s\n\n")
         if args.out:
-            out_dir = Path(args.out) if len(plans) == 1 else Path(args.out) / probe.name
+            folder = "" if len(plans) == 1 else probe.name
+            out_dir = Path(args.out) / folder
             written = [write_summary(summary, out_dir)]
-            plots = write_plots(summary, runs, seeds[0], modes, out_dir)
-            written += plots or []
+            if plots:
+                written += write_plots(summary, runs, seeds[0], modes, out_dir) or []
             if args.format == "csv":
                 written += write_csv(runs, out_dir)
-            out.write("wrote " + ", ".join(str(p) for p in written) + ("" if plots is not None else
-                      " (no plots: install the 'sim' extra for matplotlib)") + "\n\n")
+            files[folder] = [p.name for p in written]
+            out.write("wrote " + ", ".join(str(p) for p in written) + ("" if plots else
+                      f" (no plots: matplotlib is not installed; install it with: {install_command()})") + "\n\n")
     out.write(f"{len(tasks)} runs in {total_wall:.1f}s wall with {args.jobs} worker(s)\n")
-    out.write("Simplifications:\n" + "".join(f"- {s}\n" for s in SIMPLIFICATIONS))
+    command = command_line(args)
+    if args.out:
+        readme = Path(args.out) / "README.md"
+        readme.write_text(out_readme(summaries, modes, command, files), encoding="utf-8")
+        out.write(f"wrote {readme}: what each mode is, the files, and the model's simplifications\n")
+    else:
+        out.write("what each mode is and the model's simplifications: docs/simulator.md "
+                  "(--out DIR also writes them to DIR/README.md)\n")
     if args.readme:
-        command = "kubevirt-eviction-guard simulate " + " ".join(f"--scenario {shlex.quote(p)}" for p in args.scenario)
-        if args.seeds:
-            command += f" --seeds {args.seeds}"
-        if args.modes != ",".join(MODES):
-            command += f" --modes {args.modes}"
-        if args.hours:
-            command += f" --hours {args.hours:g}"
-        if args.out:
-            command += f" --out {shlex.quote(args.out)}"
         update_readme(Path(args.readme), readme_section(summaries, command))
         out.write(f"updated {args.readme}\n")
     return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as a user would type it again (the paths as given)."""
+    command = "kubevirt-eviction-guard simulate " + " ".join(f"--scenario {shlex.quote(p)}" for p in args.scenario)
+    if args.seeds:
+        command += f" --seeds {args.seeds}"
+    if args.modes != ",".join(MODES):
+        command += f" --modes {args.modes}"
+    if args.hours:
+        command += f" --hours {args.hours:g}"
+    if args.out:
+        command += f" --out {shlex.quote(args.out)}"
+    return command
+
+
+def plotting_available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def install_command() -> str:
+    """The exact command that installs the plotting extra into the Python running this."""
+    spec = "matplotlib"
+    try:
+        for req in importlib.metadata.requires("kubevirt-eviction-guard") or ():
+            if req.startswith("matplotlib") and 'extra == "sim"' in req:
+                spec = req.split(";")[0].strip()
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(spec)}"

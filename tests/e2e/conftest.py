@@ -72,9 +72,17 @@ CHART_VALUES = {"cancelStuckEvacuations": {"enabled": True}}
 
 @pytest.fixture(scope="session")
 def installation(control_plane: ControlPlane, e2e_dir: Path) -> Installation:
-    """The chart, installed once per session by ``helm install`` (tests/e2e/guard.py)."""
+    """The chart, installed once per session by ``helm install`` (tests/e2e/guard.py).
+
+    The control plane serves KubeDescheduler (its CRD), as OpenShift with the descheduler operator does, and the
+    operator's namespace exists before the install, as it does there: the chart's ``deschedulerCheck.createRole:
+    auto`` then grants the namespaced Role, and the guard's reads of it pass the authorizer."""
+    if control_plane.kubectl("get", "namespace", DESCHEDULER_NAMESPACE, check=False).returncode != 0:
+        control_plane.kubectl("create", "namespace", DESCHEDULER_NAMESPACE)
     return install_chart(control_plane, e2e_dir / "chart", values=CHART_VALUES)
 
+
+DESCHEDULER_NAMESPACE = "openshift-kube-descheduler-operator"
 
 # Beside the chart's args, only what makes the session quicker without changing which calls the guard makes: Events
 # aggregated every 2 s instead of every minute, stuck evacuations looked for every 2 s instead of 30 s.

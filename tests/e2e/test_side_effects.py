@@ -164,6 +164,9 @@ def test_events_on_the_vmi_created_and_aggregated(cluster, guard, installation, 
 
     code, body = cluster.evict(ns, quiet.pod_name, descheduler=True, dry_run=False)
     assert code == 201, body
+    # No virt-api here: mark the VMI as KubeVirt's eviction admitter would. The guard writes EvictionAllowed only once
+    # its watch shows the migration the eviction started, never on the word of the review alone.
+    cluster.objects.patch_vmi(ns, "quiet", {"status": {"evacuationNodeName": quiet.pod["spec"]["nodeName"]}})
     (allowed,) = eventually(lambda: events_of(cluster, ns, "quiet", "EvictionAllowed"), 15, "the EvictionAllowed Event")
     assert allowed.type == "Normal" and allowed.count == 1
     assert allowed.message.startswith(f"Eviction of pod {quiet.pod_name} on node "), allowed.message

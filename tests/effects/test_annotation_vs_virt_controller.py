@@ -50,14 +50,19 @@ class VirtController(threading.Thread):
         self.client = k8s.ApiClient(api.configuration())
         self.core, self.custom = k8s.CoreV1Api(self.client), k8s.CustomObjectsApi(self.client)
         self.stop = threading.Event()
+        self.paused = threading.Event()  # set: reconcile nothing (a virt-controller slower than the guard)
+        self.rounds = 0  # finished reconcile rounds: a test waits for it to move on instead of sleeping
         self.seen_migrations: dict[str, tuple[str, bool]] = {}  # vmi -> (migration uid, ended) last seen
 
     def run(self) -> None:
         while not self.stop.wait(0.03):
+            if self.paused.is_set():
+                continue
             try:
                 self.reconcile()
             except k8s.exceptions.ApiException:
                 pass  # a conflict with the guard's write: next round
+            self.rounds += 1
 
     def reconcile(self) -> None:
         vmis = {v["metadata"]["name"]: v for v in self.custom.list_namespaced_custom_object(
@@ -170,6 +175,14 @@ def wait_for(predicate, timeout=5.0) -> bool:
     return True
 
 
+def settled(actor: VirtController, hammer: Hammer, effects: Effects, decisions: int = 10) -> bool:
+    """The signal that everyone has acted on what the cluster shows now: the guard decided ``decisions``
+    more times and its side-effect queue ran dry, and virt-controller reconciled twice more."""
+    n, r = len(hammer.reasons), actor.rounds
+    return (wait_for(lambda: len(hammer.reasons) >= n + decisions and actor.rounds >= r + 2)
+            and effects.queue.wait_idle(5))
+
+
 @pytest.fixture
 def api():
     with FakeApiServer(bookmark_interval=0.5) as server:
@@ -209,18 +222,22 @@ def test_guard_and_kubevirt_1_7_never_fight(api, guard):
         put_vmi(api, node="node-a", migration=o.migration_state(start=NOW - 60, source_node="node-a",
                                                                  target_node="node-b", uid="m1"))
         assert wait_for(lambda: Reason.MIGRATION_IN_PROGRESS in hammer.reasons[-3:])
-        time.sleep(0.5)
+        assert settled(actor, hammer, effects)
         assert changes(api) == [] and annotation(api) is None
 
-        # 2. marked for evacuation (rule 7): one add, by whoever comes first, and the other agrees
+        # 2. marked for evacuation (rule 7), virt-controller a little slow: the guard writes "true" first, and
+        # virt-controller, when it comes round, finds what it wants and writes nothing
+        actor.paused.set()
         put_vmi(api, node="node-a", evacuation_node="node-a",
                 migration=o.migration_state(start=NOW - 60, end=NOW - 30, source_node="node-a",
                                             target_node="node-b", uid="m1", failed=True))
         assert wait_for(lambda: annotation(api) == "true")
+        assert changes(api) == [("guard", "add")], "the guard's own write"
         assert wait_for(lambda: store.pod(NS, POD).eviction_in_progress)
-        time.sleep(0.5)
+        actor.paused.clear()
+        assert settled(actor, hammer, effects)
         assert history.values == [None, "true"]
-        assert changes(api).count(("guard", "add")) <= 1, changes(api)
+        assert changes(api) == [("guard", "add")], changes(api)  # virt-controller agreed: no write of its own
         stale = decide(review_of(POD).eviction, store, NOW, PolicySettings())
         assert stale.reason == Reason.EVACUATION_PENDING
 
@@ -229,7 +246,8 @@ def test_guard_and_kubevirt_1_7_never_fight(api, guard):
                 migration=o.migration_state(start=NOW - 20, end=NOW - 5, source_node="node-a",
                                             target_node="node-b", uid="m2", failed=True))
         written = len(changes(api))
-        time.sleep(0.5)
+        assert wait_for(lambda: store.vmi(NS, "db").migration.uid == "m2")  # the guard sees the new attempt
+        assert settled(actor, hammer, effects)
         assert len(changes(api)) == written and history.values == [None, "true"]
 
         # 4. the mark is cleared (evacuate-cancel): virt-controller removes the annotation, and the guard,
@@ -238,7 +256,8 @@ def test_guard_and_kubevirt_1_7_never_fight(api, guard):
         put_vmi(api, node="node-a", migration=o.migration_state(start=NOW - 20, end=NOW - 5, source_node="node-a",
                                                                  target_node="node-b", uid="m2", failed=True))
         assert wait_for(lambda: annotation(api) is None)
-        time.sleep(1.0)
+        assert wait_for(lambda: not store.pod(NS, POD).eviction_in_progress and not store.vmi(NS, "db").evacuation_node)
+        assert settled(actor, hammer, effects, decisions=25)
         assert annotation(api) is None
         assert changes(api)[written:] == [("virt-controller", "remove")], changes(api)
         assert history.values == [None, "true", None], "no flapping: one add, one removal"
@@ -288,8 +307,9 @@ def test_unready_and_target_pods_are_left_alone(api, guard):
             review = review_of(pod)
             for _ in range(5):
                 effects.on_decision(review, decide(review.eviction, store, NOW, PolicySettings()))
-        assert effects.queue.wait_idle(5)
-        time.sleep(0.3)
+        assert effects.queue.wait_idle(5)  # the jobs ran (and found nothing to write)
+        rounds = actor.rounds
+        assert wait_for(lambda: actor.rounds >= rounds + 2)  # virt-controller, too, had its say
         assert changes(api) == []
         api.put(o.launcher_pod(NS, "db", "node-a", name=POD, vmi_uid="uid-db", ready=True))
         assert wait_for(lambda: annotation(api) == "true"), "the ready source pod does get it (the actor works)"
@@ -315,7 +335,8 @@ def test_before_1_7_the_guard_re_adds_after_a_failed_migration(api, guard):
         assert changes(api) == [("virt-controller", "add"), ("virt-controller", "remove")]
         hammer.start()  # the descheduler asks again: rule 7, evacuation pending
         assert wait_for(lambda: annotation(api) == "true")
-        time.sleep(0.5)
+        assert wait_for(lambda: store.pod(NS, POD).eviction_in_progress)  # the guard sees its own write
+        assert settled(actor, hammer, effects)
         assert changes(api)[2:] == [("guard", "add")] and annotation(api) == "true"
     finally:
         hammer.halt()

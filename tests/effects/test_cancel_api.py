@@ -172,18 +172,43 @@ def test_forbidden_or_absent_subresource_is_refused_not_retried(api, kube):
     assert not [e for e in api.events() if e.get("reason") == "EvacuationCancelled"]
 
 
-def test_serve_cancels_with_the_flag_only(api, tmp_path):
-    """The real ``serve`` over the fake API: with the flag it cancels the stuck evacuation and tells;
-    the same cluster without the flag is left alone."""
+def canceller_state(http) -> tuple[str, str] | None:
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        if family.name == "kubevirt_eviction_guard_evacuation_canceller_info":
+            (sample,) = [x for x in family.samples if x.value == 1]
+            return sample.labels["enabled"], sample.labels["reason"]
+    return None
+
+
+def test_probe_asks_discovery_then_both_access_reviews(api, kube):
+    """What the API server authorizes for PUT .../virtualmachineinstances/NAME/evacuate/cancel: kube-apiserver takes
+    the first segment after the name ("evacuate"), virt-api's own review all of them ("evacuate/cancel")."""
+    from app.effects.cancel import ENABLED, FORBIDDEN, NO_SUBRESOURCE, UNKNOWN, probe
+
+    effects_api = KubeEffectsApi(kube, timeout=(1.0, 2.0))
+    assert probe(effects_api) == ENABLED
+    assert [(a["verb"], a["group"], a["resource"], a["subresource"]) for a in api.access_reviews] == [
+        ("update", "subresources.kubevirt.io", "virtualmachineinstances", "evacuate"),
+        ("update", "subresources.kubevirt.io", "virtualmachineinstances", "evacuate/cancel")]
+    assert all("namespace" not in a for a in api.access_reviews)  # every namespace: the ClusterRole's rule
+    api.denied_access.add(("subresources.kubevirt.io", "virtualmachineinstances", "evacuate/cancel", "update"))
+    assert probe(effects_api) == FORBIDDEN  # virt-api's review says no, whatever kube-apiserver allows
+    api.denied_access.clear()
+    api.kubevirt_subresources = tuple(n for n in api.kubevirt_subresources if "evacuate" not in n)  # KubeVirt 1.7
+    assert probe(effects_api) == NO_SUBRESOURCE
+    api.remove_api("subresources.kubevirt.io")  # no KubeVirt aggregated API at all
+    assert probe(effects_api) == NO_SUBRESOURCE
+    api.restore_api("subresources.kubevirt.io")
+    api.fail(503, times=1)
+    assert probe(effects_api) == UNKNOWN
+
+
+def test_serve_cancels_by_default_where_it_can(api, tmp_path):
+    """The real ``serve`` over the fake API: by default it asks, finds evacuate/cancel served and allowed, cancels
+    the stuck evacuation and tells."""
     from tests.live_support import eventually, start_guard
 
-    plain = start_guard(tmp_path / "plain", api, "--cancel-interval", "1s")
-    try:
-        time.sleep(2.5)  # two scans' worth: none must happen
-        assert api.cancels == []
-    finally:
-        plain.stop()
-    guard = start_guard(tmp_path / "cancel", api, "--cancel-stuck-evacuations", "--cancel-interval", "1s")
+    guard = start_guard(tmp_path / "cancel", api, "--cancel-interval", "1s")
     try:
         eventually(lambda: any(r.name == "stuck" and r.status == 200 for r in api.cancels), timeout=15,
                    what="the stuck evacuation to be cancelled")
@@ -191,6 +216,7 @@ def test_serve_cancels_with_the_flag_only(api, tmp_path):
                    what="the EvacuationCancelled Event")
         with guard.client() as http:
             metrics = http.get("/metrics").text
+            assert canceller_state(http) == ("true", "enabled")
         assert ('kubevirt_eviction_guard_evacuation_cancels_total{namespace="vms",node="node-a",outcome="cancelled"} 1.0'
                 in metrics)
     finally:
@@ -198,3 +224,28 @@ def test_serve_cancels_with_the_flag_only(api, tmp_path):
     assert {r.name for r in api.cancels} == {"stuck", "tainted"}
     assert "evacuationNodeName" not in api.get("vmi", NS, "stuck")["status"]
     assert api.get("vmi", NS, "drain")["status"]["evacuationNodeName"] == "node-a"
+
+
+@pytest.mark.parametrize("setup, args, reason", [
+    ("forbidden", (), "forbidden"),  # RBAC without the rule (chart: cancelStuckEvacuations.enabled false elsewhere)
+    ("old-kubevirt", (), "no_subresource"),  # KubeVirt < 1.8: not in virt-api's discovery
+    ("", ("--no-cancel-stuck-evacuations",), "disabled"),
+])
+def test_serve_leaves_the_canceller_off_and_says_why(api, tmp_path, setup, args, reason):
+    """Off: no cancel is ever sent, and evacuation_canceller_info says why. The signal that the guard has made up
+    its mind is that metric itself: the canceller asks before it would scan, and scans only when the answer is yes."""
+    from tests.live_support import eventually, start_guard
+
+    if setup == "forbidden":
+        api.evacuate_cancel_forbidden = True
+    elif setup == "old-kubevirt":
+        api.kubevirt_subresources = tuple(n for n in api.kubevirt_subresources if "evacuate" not in n)
+    guard = start_guard(tmp_path / "off", api, "--cancel-interval", "1s", *args)
+    try:
+        with guard.client() as http:
+            eventually(lambda: canceller_state(http) == ("false", reason), timeout=15,
+                       what=f"the canceller to report {reason}")
+    finally:
+        guard.stop()
+    assert api.cancels == []
+    assert api.get("vmi", NS, "stuck")["status"]["evacuationNodeName"] == "node-a"

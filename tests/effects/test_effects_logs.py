@@ -91,3 +91,34 @@ def test_every_decision_is_logged_once_by_the_hook(capture):
     lines = [orjson.loads(x) for x in out.getvalue().splitlines()]
     assert [(x["pod"], x["decision"], x["reason"]) for x in lines] == [
         (POD, "denied", "cooldown"), ("virt-launcher-unknown-zzzzz", "allowed", "not_a_vm_pod")]
+
+
+FORGED_USER = 'mallory\n12:00:00 INFO    allowed user=admin\x1b[2J\x1b[31m\u2028\u202e'
+
+
+@pytest.mark.parametrize("formatter", [TextFormatter(), JSONFormatter()], ids=["text", "json"])
+def test_what_a_client_sends_cannot_forge_a_line_or_reach_a_terminal_and_is_cut(capture, formatter):
+    out = capture(formatter)
+    pod = "virt-launcher-" + "p" * 100_000  # not a VM's: the message quotes it
+    for review, d in (decided(cooldown_store(), POD, username=FORGED_USER, reason="r\n" * 50_000),
+                      decided(cooldown_store(), pod, username=FORGED_USER)):
+        log_decision(review, d)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2  # one per decision: the newlines in the user name did not start a line
+    for line in lines:
+        assert line.isprintable(), repr(line)  # no newline, escape, line separator or bidi override
+        assert len(line) < 16384
+    escaped = "mallory\\x0a12:00:00 INFO    allowed user=admin\\x1b[2J\\x1b[31m\\u2028\\u202e"
+    if isinstance(formatter, TextFormatter):  # a field that is not one plain word is quoted, as JSON would
+        assert all(f"user={orjson.dumps(escaped).decode()}" in line for line in lines)
+    else:
+        assert [orjson.loads(line)["user"] for line in lines] == [escaped, escaped]
+        reason = orjson.loads(lines[0])["eviction_reason"]
+        assert len(reason) == 200 and reason.startswith("r\\x0ar\\x0a") and reason.endswith("...")
+
+
+def test_text_lines_escape_messages_like_json(capture):
+    out = capture(TextFormatter())
+    logging.getLogger("kubevirt_eviction_guard.decision").info("two\nlines \x1b[31m", extra={"plain": "word", "n": 3})
+    [line] = out.getvalue().splitlines()
+    assert line.endswith('two\\nlines \\u001b[31m plain=word n=3')

@@ -32,9 +32,14 @@ def test_flags_tune_and_disable_the_effects():
     assert off.effects.events is None and off.effects.annotate is False
 
 
-@pytest.mark.parametrize("flag,value", [("--event-interval", "soon"), ("--event-interval", "-1m"),
-                                        ("--side-effect-queue", "0")])
+@pytest.mark.parametrize("flag,value", [("--event-interval", "soon"), ("--event-interval", "-1m")])
 def test_bad_effect_flags_stop_start_up_naming_the_flag(flag, value):
     with pytest.raises((SettingsError, UsageError)) as e:
         build_context(args(f"{flag}={value}"))
     assert flag in str(e.value)
+
+
+def test_a_queue_of_nothing_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:  # argparse: the type check of --side-effect-queue
+        args("--side-effect-queue=0")
+    assert e.value.code == 2 and "argument --side-effect-queue" in capsys.readouterr().err

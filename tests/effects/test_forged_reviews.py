@@ -20,16 +20,18 @@ queue, writes out to the fake API server, with these reviews:
 - not an eviction (DELETE of the pod; CREATE of another subresource) of the
   evacuating pod;
 - dry-run evictions of the evacuating pod (``request.dryRun`` and the
-  Eviction's ``deleteOptions.dryRun``).
+  Eviction's ``deleteOptions.dryRun``);
+- a descheduler eviction of a quiet VM whose user name holds a newline, a
+  forged JSON log line and ANSI escapes, and whose reason is 100 KiB.
 
 Then a genuine eviction of another marked VM's pod (the control: the effects
 worker runs jobs in order, so once its patch lands, everything the forged
 reviews caused has run, and it shows the pipeline could write all along). At
 that point the control's must be the only patch, and the Events exactly those
 of the denials the state justifies (the migrating VM, the target pod, the
-control), plus EvictionAllowed on the VMIs the store names for the two
-allowed descheduler evictions (the guard did allow them). Last, the genuine
-eviction of the evacuating pod is patched.
+control), and no EvictionAllowed for the allowed ones: no migration followed
+them. The log holds no control character and no line over 16 KiB. Last,
+the genuine eviction of the evacuating pod is patched.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ NS, OTHER = "vms", "other"
 EVAC, TARGET, OLD = "virt-launcher-evac", "virt-launcher-evac-target", "virt-launcher-evac-old"
 MIGR, QUIET, GHOST = "virt-launcher-migr", "virt-launcher-quiet", "virt-launcher-ghost"
 CONTROL = "virt-launcher-ctl"
+FORGED_USER = 'mallory\n{"level":"info","msg":"EvictionAllowed"}\x1b[2J\x1b[31m'
 
 
 def seed(api: FakeApiServer) -> None:
@@ -96,6 +99,10 @@ FORGED = [
     (forged(EVAC, "f-status", request__subResource="status"), (True, "not_an_eviction")),
     (forged(EVAC, "f-dry-run", request__dryRun=True), (False, "evacuation_pending")),
     (review_doc(EVAC, uid="f-body-dry-run", body_dry_run=True), (False, "evacuation_pending")),
+    # a user name that would forge a log line and repaint a terminal, and a 100 KiB reason
+    (forged(QUIET, "f-control-chars", request__userInfo={"username": FORGED_USER},
+            request__object__metadata__annotations={"requested-by": "sigs.k8s.io/descheduler", "reason": "r" * 102400}),
+     (True, "allowed")),
 ]
 
 
@@ -117,7 +124,7 @@ def test_forged_reviews_cause_no_patch_and_only_justified_events(tmp_path):
         seed(api)
         api.put(o.vmi(NS, "ctl", node="node-b", uid="uid-ctl", evacuation_node="node-b", created=time.time() - 86400))
         api.put(o.launcher_pod(NS, "ctl", "node-b", name=CONTROL, vmi_uid="uid-ctl"))
-        guard = start_guard(tmp_path, api, "--event-interval", "1m")
+        guard = start_guard(tmp_path, api, "--event-interval", "1m", "--max-body-bytes", "1048576")
         try:
             with guard.client() as http:
                 def evict(doc: dict) -> dict:
@@ -139,16 +146,22 @@ def test_forged_reviews_cause_no_patch_and_only_justified_events(tmp_path):
                 eventually(lambda: annotated(api, EVAC), timeout=10, what="the genuine annotation")
         finally:
             guard.stop()
+        log = guard.log.read_bytes()
         final = writes(api)
         untouched = [annotated(api, name, ns) for ns, name in
                      ((OTHER, EVAC), (NS, TARGET), (NS, OLD), (NS, MIGR), (NS, QUIET))]
     patches, events = after_forged
     assert patches == [("pods", NS, CONTROL, 200)]
-    # the two allowed descheduler evictions get EvictionAllowed on the VMI the store names (the other namespace's
-    # twin, not the marked VM; the quiet VM, whatever the body claims): the guard did allow them
-    assert events == [(OTHER, "evac", "EvictionAllowed:uid-other-evac"),
-                      (NS, "ctl", "evacuation_pending"), (NS, "evac", "migration_target"),
-                      (NS, "migr", "migration_in_progress"), (NS, "quiet", "EvictionAllowed:uid-quiet")]
+    # the guard allowed three of them, but no migration followed (nothing was evicted): no EvictionAllowed
+    assert events == [(NS, "ctl", "evacuation_pending"), (NS, "evac", "migration_target"),
+                      (NS, "migr", "migration_in_progress")]
+    # and the user name with a newline and escape sequences forged no log line and reached no terminal
+    lines = log.splitlines()
+    assert all(line.startswith(b"{") and orjson.loads(line) for line in lines)
+    assert b"\x1b" not in log and not any(b < 0x20 for line in lines for b in line)
+    [decided] = [orjson.loads(line) for line in lines if b'"uid":"f-control-chars"' in line]
+    assert decided["user"] == 'mallory\\x0a{"level":"info","msg":"EvictionAllowed"}\\x1b[2J\\x1b[31m'
+    assert len(decided["eviction_reason"]) == 200 and max(map(len, lines)) < 16384
     assert final[0] == [("pods", NS, CONTROL, 200), ("pods", NS, EVAC, 200)]
     assert (NS, "evac", "evacuation_pending") in final[1]
     assert untouched == [False] * 5

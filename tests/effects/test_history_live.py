@@ -27,7 +27,7 @@ from app import cli
 from app.domain.history import HISTORY_ANNOTATION
 from tests.fakeapi import FakeApiServer
 from tests.fakeapi import objects as o
-from tests.live_support import eventually, evict, start_guard
+from tests.live_support import eventually, evict, scrape, start_guard
 
 pytestmark = pytest.mark.timeout(120)
 NS, VM, POD = "vms", "db", "virt-launcher-db"
@@ -74,6 +74,20 @@ def vmi_patches(api: FakeApiServer) -> list:
     return [p for p in api.patches if p.resource == "virtualmachineinstances.kubevirt.io"]
 
 
+def history_jobs(guard) -> float:
+    """History jobs the replica has finished, whatever their outcome (the side-effect queue's job counter)."""
+    with guard.client() as http:
+        return sum(v for (name, labels), v in scrape(http).items()
+                   if name == "kubevirt_eviction_guard_side_effects_total" and ("kind", "history") in labels)
+
+
+def reconciles(guard) -> float:
+    """The replica's finished history reconcile passes (each (re)list is followed by one)."""
+    with guard.client() as http:
+        return scrape(http).get(("kubevirt_eviction_guard_background_passes_total",
+                                 frozenset({("loop", "history_reconcile")})), 0.0)
+
+
 def cooldown_answer(guard) -> dict:
     with guard.client() as http:
         return evict(http, POD, uid=f"probe-{time.monotonic_ns()}")
@@ -114,17 +128,20 @@ def test_history_survives_vmim_gc_restart_and_a_second_replica(tmp_path, capsys)
             code = cli.main(["--log-level", "warning", "explain", "--kubeconfig", str(tmp_path / "b" / "kubeconfig"),
                              "-n", NS, "--pod", POD])
             out = capsys.readouterr().out
-            assert code == 0 and "reason: cooldown" in out and "x2^(6-1) for 6 in 48h0m0s" in out, out
+            assert code == 1 and "reason: cooldown" in out and "x2^(6-1) for 6 in 48h0m0s" in out, out
 
             # nothing happening: nothing written (two fresh replicas, each reconciled after its list)
             quiet_from = len(vmi_patches(api))
-            time.sleep(2.0)
+            eventually(lambda: reconciles(guard) >= 1 and reconciles(second) >= 1, timeout=15,
+                       what="each replica's reconcile after its list")
             assert len(vmi_patches(api)) == quiet_from == 6
 
             # a seventh migration with both replicas running: both react, one write lands
+            jobs = (history_jobs(guard), history_jobs(second))
             kv.migrate(6, start=40, end=30)
             eventually(lambda: "uid-mig-6" in history_uids(api), timeout=10, what="mig-6 recorded")
-            time.sleep(1.5)  # let the other replica's job finish
+            eventually(lambda: history_jobs(guard) > jobs[0] and history_jobs(second) > jobs[1], timeout=10,
+                       what="both replicas' jobs for mig-6 to finish")
             seventh = vmi_patches(api)[quiet_from:]
             assert [p.status for p in seventh].count(200) == 1, [p.status for p in seventh]
             assert all(p.status in (200, 422) for p in seventh) and len(seventh) <= 2
@@ -154,7 +171,13 @@ def test_off_switch_writes_nothing(tmp_path):
             with guard.client() as http:  # the guard has seen the migration: it is in cooldown
                 eventually(lambda: evict(http, POD)["auditAnnotations"]["reason"] == "cooldown", timeout=10,
                            what="the migration to reach the guard")
-            time.sleep(1.0)
+            # the denial's Event is queued behind anything the migration's watch event queued (one worker, in
+            # order): once it is written, a history job would have run too
+            eventually(lambda: [e for e in api.events() if e.get("reason") == "EvictionBlocked"], timeout=10,
+                       what="the denial's Event")
+            with guard.client() as http:
+                assert ("kubevirt_eviction_guard_background_passes_total",
+                        frozenset({("loop", "history_reconcile")})) not in scrape(http)  # no recorder at all
         finally:
             guard.stop()
         assert vmi_patches(api) == [] and history_uids(api) == []

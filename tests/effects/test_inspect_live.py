@@ -42,8 +42,8 @@ def test_report_lists_the_live_cluster_page_by_page(kubeconfig, capsys, monkeypa
     code, out, _ = run(capsys, "report", "--kubeconfig", path)
     assert code == 0
     rows = {line.split()[1]: line.split() for line in out.splitlines()[1:] if line.startswith(NS)}
-    assert rows["cool"][2:4] == ["node-a", "1"] and rows["cool"][-1] == "cooldown"
-    assert rows["quiet"][-1] == "movable"
+    assert rows["cool"][2:4] == ["node-a", "1"] and rows["cool"][-2:] == ["cooldown", "cooldown"]
+    assert rows["quiet"][-2:] == ["movable", "allowed"]
     assert "2 VMIs" in out
     pod_lists = [r for r in api.requests if r.path == "/api/v1/pods"]
     assert len(pod_lists) == 2 and all(r.query.get("labelSelector") == "kubevirt.io=virt-launcher" for r in pod_lists)
@@ -53,7 +53,7 @@ def test_report_lists_the_live_cluster_page_by_page(kubeconfig, capsys, monkeypa
 def test_explain_says_why_a_vm_was_not_moved(kubeconfig, capsys):
     _, path = kubeconfig
     code, out, _ = run(capsys, "explain", "--kubeconfig", path, "-n", NS, "--pod", "virt-launcher-cool-aaaaa")
-    assert code == 0
+    assert code == 1
     assert "decision: DENY (429 TooManyRequests)  reason: cooldown" in out
     assert "retry in 10m0s" in out
     code, out, _ = run(capsys, "explain", "--kubeconfig", path, "-n", NS, "--pod", "virt-launcher-quiet-bbbbb")

@@ -8,8 +8,9 @@ no ``timeoutSeconds``: exactly the behaviours a long-lived informer must survive
 small in-repo server that does those things the way kube-apiserver does.
 
 What it serves (core/v1 pods, nodes, events; events.k8s.io/v1 events;
-kubevirt.io/v1 virtualmachineinstances and virtualmachineinstancemigrations;
-all namespaced or cluster-wide as the real ones):
+kubevirt.io/v1 virtualmachineinstances, virtualmachineinstancemigrations and kubevirts;
+all namespaced or cluster-wide as the real ones; virt-api's discovery document of
+subresources.kubevirt.io/v1 and its evacuate/cancel; SelfSubjectAccessReviews):
 
 - list: consistent snapshot at a real, increasing ``resourceVersion`` (one
   global counter, as etcd), ``limit``/``continue`` pagination with
@@ -58,6 +59,9 @@ Use::
         api.set_latency(0.5, kind="pod")
         api.hold_streams(); api.release_streams()  # queue watch events, then flush them in a burst
         api.remove_api("kubevirt.io"); api.restore_api("kubevirt.io")
+        api.kubevirt_subresources = ()        # virt-api without evacuate/cancel in its discovery (KubeVirt < 1.8)
+        api.evacuate_cancel_forbidden = True  # RBAC without it: the PUT is 403, SSARs for it say denied
+        api.denied_access.add((group, resource, subresource, verb)); api.access_reviews
         # KubeVirt >= 1.8: PUT /apis/subresources.kubevirt.io/v1/namespaces/NS/virtualmachineinstances/NAME/evacuate/cancel
         api.cancels                           # every cancel with its body and answer
         api.evacuate_cancel_forbidden = True  # 403, as without the RBAC rule

@@ -46,11 +46,12 @@ EVENTS = Resource("", "v1", "events", "Event", True)
 EVENTS_V1 = Resource("events.k8s.io", "v1", "events", "Event", True)
 VMIS = Resource("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True)
 VMIMS = Resource("kubevirt.io", "v1", "virtualmachineinstancemigrations", "VirtualMachineInstanceMigration", True)
+KUBEVIRTS = Resource("kubevirt.io", "v1", "kubevirts", "KubeVirt", True)
 # the OpenShift descheduler operator's configuration (the guard only reads the object named "cluster")
 KUBEDESCHEDULERS = Resource("operator.openshift.io", "v1", "kubedeschedulers", "KubeDescheduler", True)
 # Helm's `lookup` of the chart's generated certificate Secret (tests/test_chart.py)
 SECRETS = Resource("", "v1", "secrets", "Secret", True)
-ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEDESCHEDULERS, SECRETS)
+ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEVIRTS, KUBEDESCHEDULERS, SECRETS)
 
 # names the control surface accepts for each resource (besides Resource objects)
 _ALIASES: dict[str, Resource] = {}
@@ -62,6 +63,7 @@ for _r, _names in (
     (EVENTS, ("event", "Event")),
     (VMIS, ("vmi", "VirtualMachineInstance", "virtualmachineinstances")),
     (VMIMS, ("vmim", "VirtualMachineInstanceMigration", "virtualmachineinstancemigrations")),
+    (KUBEVIRTS, ("kubevirt", "KubeVirt")),
     (KUBEDESCHEDULERS, ("kubedescheduler", "KubeDescheduler")),
     (SECRETS, ("secret", "Secret")),
 ):
@@ -170,6 +172,17 @@ def status(code: int, message: str, reason: str | None = None, details: dict | N
 
 def status_bytes(code: int, message: str, reason: str | None = None, details: dict | None = None) -> bytes:
     return orjson.dumps(status(code, message, reason, details))
+
+
+# virt-api's discovery document of subresources.kubevirt.io/v1 (pkg/virt-api/api.go, KubeVirt 1.9): names only,
+# no kinds or verbs; KubeVirt < 1.8 lacks the evacuate/cancel entries
+KUBEVIRT_SUBRESOURCES = (
+    "expand-vm-spec", "virtualmachineinstances/vnc", "virtualmachineinstances/console",
+    "virtualmachineinstances/pause", "virtualmachineinstances/unpause", "virtualmachines/start", "virtualmachines/stop",
+    "virtualmachines/restart", "virtualmachines/migrate", "virtualmachines/evacuate/cancel",
+    "virtualmachineinstances/guestosinfo", "virtualmachineinstances/evacuate/cancel",
+)
+SUBRESOURCES_GROUP = "subresources.kubevirt.io"
 
 
 def not_found_api() -> dict:

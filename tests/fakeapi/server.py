@@ -232,7 +232,13 @@ class FakeApiServer:
         self.requests: collections.deque[RequestRecord] = collections.deque(maxlen=20000)
         self.patches: list[PatchRecord] = []
         self.cancels: list[PatchRecord] = []  # every evacuate/cancel PUT, with what was answered
-        self.evacuate_cancel_forbidden = False  # RBAC without the evacuate/cancel rule: 403
+        self.evacuate_cancel_forbidden = False  # RBAC without the evacuate/cancel rule: 403 (and SSAR says no)
+        # virt-api's discovery of subresources.kubevirt.io/v1; drop the evacuate/cancel entries for KubeVirt < 1.8
+        self.kubevirt_subresources: tuple[str, ...] = res.KUBEVIRT_SUBRESOURCES
+        # SelfSubjectAccessReviews: each request's resourceAttributes, and which (group, resource, subresource,
+        # verb) to answer "denied" for (besides evacuate/cancel when evacuate_cancel_forbidden)
+        self.access_reviews: list[dict] = []
+        self.denied_access: set[tuple[str, str, str, str]] = set()
         self._state = _State()
         self._faults: list[Fault] = []
         self._latency: list[tuple[float, Resource | None]] = []
@@ -612,6 +618,7 @@ def _shutdown(conn: socket.socket) -> None:
 
 
 EVACUATE_CANCEL = "virtualmachineinstances/evacuate/cancel"
+SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 KUBEVIRT_DRAIN_TAINT = "kubevirt.io/drain"  # KubeVirt's default migrations.nodeDrainTaintKey
 
 
@@ -725,6 +732,8 @@ class _Handler(BaseHTTPRequestHandler):
         cancel = _evacuate_cancel_path(url.path)
         if cancel is not None:
             return self._evacuate_cancel(*cancel, body)
+        if url.path.rstrip("/") == SSAR_PATH and self.command == "POST":
+            return self._self_subject_access_review(body)
         try:
             route = _parse_path(url.path)
         except ValueError:
@@ -770,7 +779,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _discovery(self, path: str) -> None:
         segs = [s for s in path.split("/") if s]
-        groups = sorted({r.group for r in res.ALL if r.group and r.group not in self.fake._absent_groups})
+        groups = sorted({r.group for r in res.ALL if r.group and r.group not in self.fake._absent_groups}
+                        | ({res.SUBRESOURCES_GROUP} - self.fake._absent_groups))
         if segs == ["version"]:
             return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fakeapi"})
         if segs == ["api"]:
@@ -780,6 +790,10 @@ class _Handler(BaseHTTPRequestHandler):
                 {"name": g, "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
                  "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"}} for g in groups]})
         group, version = ("", "v1") if segs[:1] == ["api"] else (segs[1], segs[2] if len(segs) > 2 else "")
+        if group == res.SUBRESOURCES_GROUP and version == "v1" and group not in self.fake._absent_groups:
+            return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/v1",
+                                    "resources": [{"name": n, "namespaced": True}
+                                                  for n in self.fake.kubevirt_subresources]})
         if group and group not in groups:
             return self._send(404, res.not_found_api())
         rs = [r for r in res.ALL if r.group == group and r.version == version]
@@ -1035,6 +1049,28 @@ class _Handler(BaseHTTPRequestHandler):
                  body: bytes | dict) -> None:
         self.fake.patches.append(PatchRecord(resource.id, namespace, name, ctype, patch, status))
         self._send(status, body)
+
+    # ---- authorization.k8s.io/v1 SelfSubjectAccessReview ------------------------------------------------
+
+    def _self_subject_access_review(self, body: bytes) -> None:
+        """The API server's answer for the caller: allowed unless the test denied these attributes."""
+        fake = self.fake
+        try:
+            review = orjson.loads(body)
+            attrs = review["spec"]["resourceAttributes"]
+            if not isinstance(attrs, dict):
+                raise TypeError
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return self._send(400, res.status(400, "SelfSubjectAccessReview: spec.resourceAttributes required"))
+        fake.access_reviews.append(attrs)
+        key = (attrs.get("group", ""), attrs.get("resource", ""), attrs.get("subresource", ""), attrs.get("verb", ""))
+        cancel = (key[0] == res.SUBRESOURCES_GROUP and key[1] == "virtualmachineinstances"
+                  and key[2] in ("evacuate", "evacuate/cancel"))
+        allowed = key not in fake.denied_access and not (cancel and fake.evacuate_cancel_forbidden)
+        review["status"] = {"allowed": allowed, **({} if allowed else {"reason": "no RBAC rule matched"})}
+        review.setdefault("apiVersion", "authorization.k8s.io/v1")
+        review.setdefault("kind", "SelfSubjectAccessReview")
+        self._send(201, review)
 
     # ---- KubeVirt's aggregated API: virtualmachineinstances/NAME/evacuate/cancel (v1.8) ----------------
 

@@ -73,3 +73,34 @@ app.kubernetes.io/component: admission-webhook
 {{/* Where the mounted files are inside the container. */}}
 {{- define "guard.tlsDir" -}}/etc/kubevirt-eviction-guard/tls{{- end }}
 {{- define "guard.configDir" -}}/etc/kubevirt-eviction-guard/config{{- end }}
+
+{{- define "guard.clientCADir" -}}/etc/kubevirt-eviction-guard/client-ca{{- end }}
+
+{{/* The ServiceAccount (and its token Secret) that reads Prometheus for steering: never the guard's own token. */}}
+{{- define "guard.metricsReaderName" -}}
+{{- printf "%s-metrics-reader" (include "guard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+--max-connections: server.maxConnections when set; else sized from resources.limits.memory (Ki, Mi, Gi, K, M, G or
+bytes): at most ~384 KiB a connection (bodies held just under maxBodyBytes with their TLS buffers, measured by
+`make reliability`), on half the limit: 4/3 of the limit in MiB. Empty without a limit (the guard's default).
+*/}}
+{{- define "guard.maxConnections" -}}
+{{- if .Values.server.maxConnections }}
+{{- .Values.server.maxConnections | int64 }}
+{{- else if and .Values.resources .Values.resources.limits .Values.resources.limits.memory }}
+{{- $m := toString .Values.resources.limits.memory }}
+{{- $mib := 0 }}
+{{- if hasSuffix "Gi" $m }}{{ $mib = mul (trimSuffix "Gi" $m | int64) 1024 }}
+{{- else if hasSuffix "Mi" $m }}{{ $mib = trimSuffix "Mi" $m | int64 }}
+{{- else if hasSuffix "Ki" $m }}{{ $mib = div (trimSuffix "Ki" $m | int64) 1024 }}
+{{- else if hasSuffix "G" $m }}{{ $mib = div (mul (trimSuffix "G" $m | int64) 1000000000) 1048576 }}
+{{- else if hasSuffix "M" $m }}{{ $mib = div (mul (trimSuffix "M" $m | int64) 1000000) 1048576 }}
+{{- else if hasSuffix "K" $m }}{{ $mib = div (mul (trimSuffix "K" $m | int64) 1000) 1048576 }}
+{{- else if regexMatch "^[0-9]+$" $m }}{{ $mib = div ($m | int64) 1048576 }}
+{{- else }}{{ fail (printf "resources.limits.memory: cannot size server.maxConnections from %q; set server.maxConnections" $m) }}
+{{- end }}
+{{- max 8 (div (mul $mib 4) 3) }}
+{{- end }}
+{{- end }}

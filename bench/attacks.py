@@ -1,0 +1,580 @@
+"""Hostile clients against a local ``serve``: what each attack costs the guard, and whether others are still served.
+
+    python -m bench.attacks [--before REF] [--out build/reliability/attacks.json] [--doc docs/reliability.md]
+
+Each attack runs against a fresh guard process (snapshot mode, default settings, both ports, 127.0.0.1 only)
+while a prober asks it for ``/healthz`` and a real eviction review on new connections every 0.25 s. Measured:
+the growth of the process' resident memory at its peak (``VmHWM`` and 10 ms samples of ``VmRSS`` against the
+RSS before the attack), what the attacker got (a status, a closed connection), how long the guard held the
+attacker's connections, and how many of the prober's requests were answered.
+
+With ``--before REF`` the same attacks also run against REF (a detached ``git worktree`` in a temporary
+directory, removed afterwards) with the same Python and packages, so before and after are measured in one run
+on one machine. ``--doc`` rewrites the section between the markers in docs/reliability.md from the result.
+The same functions back ``tests/test_hostile_clients.py``, which asserts the bounds on the current tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import selectors
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import yaml
+
+from app.tls import issue_certs, write_certs
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- attacks:begin -->", "<!-- attacks:end -->"
+MiB = 1 << 20
+REVIEW_POD = "virt-launcher-vm-0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def review(pod: str = REVIEW_POD, uid: str = "probe", username: str = "system:serviceaccount:kube-system:descheduler",
+           requested_by: str = "sigs.k8s.io/descheduler", reason: str = "LowNodeUtilization") -> bytes:
+    return orjson.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": uid, "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": "eviction",
+                    "name": pod, "namespace": "vms", "operation": "CREATE", "userInfo": {"username": username},
+                    "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                               "metadata": {"name": pod, "namespace": "vms",
+                                            "annotations": {"requested-by": requested_by, "reason": reason}}},
+                    "dryRun": False}})
+
+
+def snapshot_doc() -> dict:
+    """One worker, one VM with its launcher pod: enough for a real decision."""
+    return {"kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "worker-a", "labels": {}}, "spec": {}},
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+         "metadata": {"name": "vm-0", "namespace": "vms", "uid": "uid-vm-0",
+                      "creationTimestamp": "2026-01-01T00:00:00Z"},
+         "spec": {}, "status": {"phase": "Running", "nodeName": "worker-a"}},
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": REVIEW_POD, "namespace": "vms", "uid": "uid-pod-0",
+                      "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": "uid-vm-0"},
+                      "annotations": {"kubevirt.io/domain": "vm-0"},
+                      "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                                           "name": "vm-0", "uid": "uid-vm-0", "controller": True}]},
+         "spec": {"nodeName": "worker-a"}, "status": {"phase": "Running"}},
+    ]}
+
+
+def status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, in KiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+class Guard:
+    """``python -m app serve`` from a source tree, on free ports, with a self-signed certificate."""
+
+    def __init__(self, tree: Path, workdir: Path, *extra: str, stderr_unread: bool = False,
+                 kubeconfig: Path | None = None) -> None:
+        """Snapshot mode (``snapshot_doc``), or watching the API server of ``kubeconfig``."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.certs = write_certs(issue_certs("kubevirt-eviction-guard", "test"), workdir / "certs")
+        if kubeconfig is None:
+            snap = workdir / "snapshot.yaml"
+            snap.write_text(yaml.safe_dump(snapshot_doc()))
+            source = ["--snapshot", str(snap), "--now", "2026-11-21T12:00:00Z"]
+        else:
+            source = ["--kubeconfig", str(kubeconfig), "--no-descheduler-check"]
+        self.port, self.metrics_port = free_port(), free_port()
+        cmd = [sys.executable, "-m", "app", "--log-format", "json", "serve", "--host", "127.0.0.1",
+               "--port", str(self.port), "--metrics-port", str(self.metrics_port), "--shutdown-drain", "0s",
+               "--tls-cert", str(self.certs["cert"]), "--tls-key", str(self.certs["key"]), *source, *extra]
+        self.log = workdir / f"guard-{self.port}.log"
+        self._log = self.log.open("wb")
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        # stderr_unread: a pipe nobody reads while the attack runs (a stuck log shipper)
+        self.proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=self._log,
+                                     stderr=subprocess.PIPE if stderr_unread else subprocess.STDOUT)
+        self.tls = ssl.create_default_context(cafile=str(self.certs["ca"]))
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"guard exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                if request(self, "GET", "/healthz", timeout=2)[0] == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"guard not healthy in {timeout}s")
+
+    def stop(self) -> bytes:
+        """Stop it; what it wrote to an unread stderr pipe, if any."""
+        rest = b""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        if self.proc.stderr is not None:
+            rest = self.proc.stderr.read()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._log.close()
+        return rest
+
+
+def connect(guard: Guard, port: int | None = None, timeout: float = 5.0) -> socket.socket:
+    """A connection to the HTTPS port (TLS done), or to ``port`` in plain TCP."""
+    raw = socket.create_connection(("127.0.0.1", port or guard.port), timeout=timeout)
+    if port is not None:
+        return raw
+    return guard.tls.wrap_socket(raw, server_hostname="localhost")
+
+
+def request(guard: Guard, method: str, path: str, body: bytes = b"", port: int | None = None,
+            timeout: float = 5.0) -> tuple[int, bytes]:
+    """One request on a new connection: (status, body)."""
+    with contextlib.closing(connect(guard, port, timeout)) as s:
+        head = f"{method} {path} HTTP/1.1\r\nHost: guard\r\nConnection: close\r\n"
+        if body:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        s.sendall(head.encode() + b"\r\n" + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    line, _, rest = data.partition(b"\r\n")
+    return int(line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+@dataclass
+class Prober:
+    """New connections asking for /healthz and a real review every ``every`` seconds while an attack runs."""
+
+    guard: Guard
+    every: float = 0.25
+    asked: int = 0
+    answered: int = 0
+    worst: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _run(self) -> None:
+        body = review()
+        while not self._stop.is_set():
+            for ask in (lambda: request(self.guard, "GET", "/healthz"),
+                        lambda: request(self.guard, "POST", "/validate", body)):
+                self.asked += 1
+                started = time.monotonic()
+                try:
+                    ok = ask()[0] == 200
+                except OSError:
+                    ok = False
+                self.worst = max(self.worst, time.monotonic() - started)
+                self.answered += ok
+            self._stop.wait(self.every)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Prober]:
+        t = threading.Thread(target=self._run, name="prober", daemon=True)
+        t.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            t.join(15)
+
+
+class Memory:
+    """Peak growth of a process' resident memory over a ``with`` block, sampled every 10 ms and by VmHWM."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.growth_mib = 0.0
+
+    def __enter__(self) -> Memory:
+        st = status(self.pid)
+        self.rss0, self.hwm0, self.peak = st["VmRSS"], st["VmHWM"], st["VmRSS"]
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._sample, daemon=True)
+        self._t.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            with contextlib.suppress(OSError, KeyError):
+                self.peak = max(self.peak, status(self.pid)["VmRSS"])
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        with contextlib.suppress(OSError, KeyError):
+            hwm = status(self.pid)["VmHWM"]
+            if hwm > self.hwm0:
+                self.peak = max(self.peak, hwm)
+        self.growth_mib = round(max(0, self.peak - self.rss0) / 1024, 1)
+
+
+def closed(sock: socket.socket) -> bool:
+    """True when the peer closed (or reset) the connection; never blocks."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536) == b""
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return False
+    except OSError:
+        return True
+
+
+def wait_closed(socks: list[socket.socket], within: float) -> list[float | None]:
+    """Wait until the server closed every socket or ``within`` passed: seconds until each closed (None: open)."""
+    sel = selectors.DefaultSelector()
+    for i, s in enumerate(socks):
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, i)
+    started, when = time.monotonic(), [None] * len(socks)
+    left = len(socks)
+    while left and time.monotonic() - started < within:
+        for key, _ in sel.select(timeout=0.2):
+            if closed(key.fileobj):  # type: ignore[arg-type]
+                sel.unregister(key.fileobj)
+                when[key.data] = round(time.monotonic() - started, 1)
+                left -= 1
+    sel.close()
+    return when
+
+
+def summary(when: list[float | None], waited: float) -> dict:
+    done = [w for w in when if w is not None]
+    return {"still_open": len(when) - len(done), "waited_s": waited, "last_closed_s": max(done, default=None)}
+
+
+def raise_fd_limit(want: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < min(want, hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+
+
+# ---- the attacks --------------------------------------------------------------------------------------------
+
+
+def flood_headers(guard: Guard, total: int = 16 * MiB, port: int | None = None) -> dict:
+    """One connection sending ``total`` bytes of ``a:b`` headers as fast as it can."""
+    s = connect(guard, port, timeout=30)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: guard\r\n")
+    chunk = b"a:b\r\n" * (65536 // 5)
+    sent, refused, answer = 0, False, b""
+    try:
+        while sent < total:
+            s.sendall(chunk)
+            sent += len(chunk)
+        s.sendall(b"\r\n")
+    except OSError:
+        refused = True
+    s.settimeout(30)
+    with contextlib.suppress(OSError):
+        answer = s.recv(200)
+    s.close()
+    line = answer.partition(b"\r\n")[0].decode("latin-1")
+    return {"sent_mib": round(sent / MiB, 1), "answer": line or ("connection closed" if refused else "none"),
+            "refused": refused or line.split(" ")[1:2] in (["431"], ["400"])}
+
+
+def held_connections(guard: Guard, n: int = 2000, within: float = 15.0) -> dict:
+    """``n`` TCP connections to the HTTPS port that never start TLS."""
+    raise_fd_limit(n + 1024)
+    socks = [socket.create_connection(("127.0.0.1", guard.port), timeout=10) for _ in range(n)]
+    when = wait_closed(socks, within)
+    for s in socks:
+        s.close()
+    return {"connections": n, **summary(when, within)}
+
+
+def idle_metrics(guard: Guard, within: float = 35.0) -> dict:
+    """An idle connection and a one-byte-per-second one to the plain metrics port."""
+    idle = connect(guard, guard.metrics_port)
+    slow = connect(guard, guard.metrics_port)
+    stop = threading.Event()
+
+    def dribble() -> None:
+        for b in b"GET /metrics HTTP/1.1\r\nHost: guard\r\n" + b"X" * 1000:
+            if stop.wait(1.0):
+                return
+            try:
+                slow.send(bytes([b]))
+            except OSError:
+                return
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    idle_s, slow_s = wait_closed([idle, slow], within)
+    stop.set()
+    t.join()
+    idle.close()
+    slow.close()
+    return {"idle_closed_s": idle_s, "slow_closed_s": slow_s, "waited_s": within}
+
+
+def body_limit(guard: Guard) -> int:
+    """The largest body the guard takes: it answers 413 at once to a Content-Length above its limit."""
+    lo, hi = 1, 64 * MiB
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        with contextlib.closing(connect(guard)) as s:
+            s.sendall(f"POST /validate HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {mid}\r\n\r\n".encode())
+            s.settimeout(0.5)
+            try:
+                over = s.recv(100).startswith(b"HTTP/1.1 413")
+            except OSError:
+                over = False
+        lo, hi = (lo, mid - 1) if over else (mid, hi)
+    return lo
+
+
+def held_bodies(guard: Guard, n: int = 300) -> dict:
+    """``n`` TLS connections each sending a body one byte short of the guard's limit, never the last byte."""
+    limit = body_limit(guard)
+    head = (f"POST /validate HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {limit}\r\n\r\n").encode()
+    socks = []
+    for _ in range(n):
+        try:
+            s = connect(guard)
+            s.sendall(head + b" " * (limit - 1))
+            socks.append(s)
+        except OSError:
+            pass
+    when = wait_closed(socks, 20.0)
+    for s in socks:
+        s.close()
+    return {"connections": n, "body_bytes": limit - 1, **summary(when, 20.0)}
+
+
+FORGED_USER = 'mallory\n12:00:00 INFO    allowed by the guard user=admin\x1b[2J\x1b[31m'
+
+
+def log_amplification(guard: Guard, n: int = 150) -> dict:
+    """``n`` reviews whose user (with a newline, a forged text log line and ANSI escapes), requester, reason and
+    pod name are as long as the body limit allows, while nobody reads the guard's stderr (text-format logs); then
+    the longest log line it wrote, and the lines that hold a control character."""
+    limit = body_limit(guard)
+
+    def big(size: int) -> bytes:
+        return review(pod="virt-launcher-" + "p" * size, username=FORGED_USER + "u" * size,
+                      requested_by="\n\x1b[31m" + "r" * size, reason="x" * size)
+
+    size = limit // 5  # the pod's name is in the review twice
+    while len(big(size)) > limit:
+        size -= 256
+    body = big(size)
+    answered = 0
+    for i in range(n):
+        with contextlib.suppress(OSError):
+            answered += request(guard, "POST", "/validate", body)[0] == 200
+    return {"requests": n, "request_bytes": len(body), "answered": answered}
+
+
+def forged_events(guard: Guard, api, n: int = 20, wait: float = 35.0) -> dict:
+    """``n`` forged descheduler evictions of a real, quiet VM's launcher pod (nothing is evicted, so no migration
+    follows), with ``FORGED_USER`` as the user; then the EvictionAllowed Events the guard wrote within ``wait``
+    seconds (the guard's look-out for the migration gives up after about 30 s)."""
+    for i in range(n):
+        request(guard, "POST", "/validate", review(uid=f"forged-{i}", username=FORGED_USER))
+    time.sleep(wait)
+    allowed = [e for e in api.events() if e.get("reason") == "EvictionAllowed"]
+    return {"forged": n, "eviction_allowed_events": len(allowed), "counted": sum(e.get("count", 1) for e in allowed),
+            "events_with_control_chars": sum(any(ord(c) < 32 for c in e["message"]) for e in allowed)}
+
+
+@contextlib.contextmanager
+def fake_cluster(workdir: Path) -> Iterator[tuple[object, Path]]:
+    """The in-repo fake API server (tests/fakeapi) with the snapshot's node, VM and launcher pod."""
+    from tests.fakeapi import FakeApiServer
+    from tests.fakeapi import objects as o
+
+    with FakeApiServer(bookmark_interval=1.0) as api:
+        api.put(o.node("worker-a"))
+        api.put(o.vmi("vms", "vm-0", node="worker-a", uid="uid-vm-0", created=time.time() - 86400))
+        api.put(o.launcher_pod("vms", "vm-0", "worker-a", name=REVIEW_POD, vmi_uid="uid-vm-0"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        yield api, api.write_kubeconfig(workdir / "kubeconfig")
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    what: str
+    run: Callable[..., dict]
+    stderr_unread: bool = False
+    extra: tuple[str, ...] = ()
+    cluster: bool = False  # against the fake API server (live mode), run(guard, api)
+
+
+ATTACKS = [
+    Attack("headers_tls", "16 MiB of `a:b` headers on one TLS connection", flood_headers),
+    Attack("headers_metrics", "16 MiB of `a:b` headers on the plain metrics port",
+           lambda g: flood_headers(g, port=g.metrics_port)),
+    Attack("idle_metrics", "an idle and a 1-byte-per-second connection to the metrics port", idle_metrics),
+    Attack("never_tls", "2,000 TCP connections that never start TLS", held_connections),
+    Attack("held_bodies", "300 connections each holding a body one byte short of the limit", held_bodies),
+    Attack("log_amplification", "150 reviews with fields as long as the body limit allows (a user name with a "
+           "newline, a forged log line and ANSI escapes), text logs, stderr not read",
+           log_amplification, stderr_unread=True, extra=("--log-format", "text")),
+    Attack("forged_events", "20 forged descheduler reviews of a real launcher pod, user name with a newline and "
+           "ANSI escapes", forged_events, cluster=True),
+]
+
+
+def run_attack(tree: Path, workdir: Path, attack: Attack) -> dict:
+    if attack.cluster:
+        with fake_cluster(workdir / attack.name) as (api, kubeconfig):
+            return _run_attack(tree, workdir, attack, api, kubeconfig)
+    return _run_attack(tree, workdir, attack)
+
+
+def _run_attack(tree: Path, workdir: Path, attack: Attack, api=None, kubeconfig: Path | None = None) -> dict:
+    guard = Guard(tree, workdir / attack.name, *attack.extra, stderr_unread=attack.stderr_unread,
+                  kubeconfig=kubeconfig)
+    try:
+        prober = Prober(guard)
+        with Memory(guard.proc.pid) as mem, prober.running():
+            started = time.monotonic()
+            outcome = attack.run(guard, api) if attack.cluster else attack.run(guard)
+            outcome["attack_s"] = round(time.monotonic() - started, 1)
+        outcome["rss_growth_mib"] = mem.growth_mib
+        outcome["rss_before_mib"] = round(mem.rss0 / 1024, 1)
+        outcome["probes_answered"] = f"{prober.answered}/{prober.asked}"
+        outcome["probe_worst_s"] = round(prober.worst, 2)
+    finally:
+        rest = guard.stop()
+    if attack.stderr_unread:
+        lines = rest.splitlines() or [b""]
+        outcome["longest_log_line_bytes"] = max(len(line) for line in lines)
+        outcome["log_lines_with_control_chars"] = sum(any(c < 32 for c in line) for line in lines)
+        outcome["forged_log_lines"] = sum(line.startswith(b"12:00:00 INFO    allowed by the guard") for line in lines)
+    return outcome
+
+
+def run_all(tree: Path, workdir: Path, only: list[str] | None = None) -> dict:
+    return {a.name: run_attack(tree, workdir, a) for a in ATTACKS if not only or a.name in only}
+
+
+@contextlib.contextmanager
+def checkout(ref: str) -> Iterator[Path]:
+    """A detached worktree of ``ref`` in a temporary directory, removed afterwards."""
+    parent = Path(tempfile.mkdtemp(prefix="guard-before-"))
+    tree = parent / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), ref], cwd=ROOT, check=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+        subprocess.run(["rm", "-rf", str(parent)], check=False)
+
+
+# ---- the docs section -----------------------------------------------------------------------------------
+
+
+def _cell(name: str, r: dict) -> str:
+    grow = f"+{r['rss_growth_mib']:g} MiB"
+    if name.startswith("headers"):
+        what = f"{r['answer']} after {r['sent_mib']:g} MiB sent" if r["refused"] else f"all {r['sent_mib']:g} MiB taken, {r['answer']}"
+    elif name == "idle_metrics":
+        fmt = lambda s: f"closed after {s:g} s" if s is not None else f"open after {r['waited_s']:g} s"  # noqa: E731
+        what = f"idle: {fmt(r['idle_closed_s'])}; 1 B/s: {fmt(r['slow_closed_s'])}"
+    elif name in ("never_tls", "held_bodies"):
+        what = (f"all closed within {r['last_closed_s']:g} s" if not r["still_open"]
+                else f"{r['still_open']:,} of {r['connections']:,} open after {r['waited_s']:g} s")
+        if name == "held_bodies":
+            what = f"{r['body_bytes'] / 1024:,.0f} KiB each; {what}"
+    elif name == "log_amplification":
+        what = (f"{r['request_bytes'] / 1024:,.0f} KiB each; longest log line {r['longest_log_line_bytes'] / 1024:,.1f} KiB, "
+                f"{r['log_lines_with_control_chars']} lines with control characters, {r['forged_log_lines']} forged lines")
+    else:
+        what = (f"{r['eviction_allowed_events']} `EvictionAllowed` Events (count {r['counted']}) for {r['forged']} "
+                f"forged reviews and the prober's, {r['events_with_control_chars']} with control characters")
+    return f"{grow}; {what}; probes {r['probes_answered']}"
+
+
+def section(result: dict) -> str:
+    meta = result["meta"]
+    rows = []
+    for attack in ATTACKS:
+        after = result["after"].get(attack.name)
+        before = result.get("before", {}).get(attack.name)
+        if after is None:
+            continue
+        rows.append(f"| {attack.what} | {_cell(attack.name, before) if before else 'not measured'} "
+                    f"| {_cell(attack.name, after)} |")
+    return "\n".join([
+        BEGIN,
+        f"Regenerated by `make reliability` ({meta['started'][:16].replace('T', ' ')} UTC, {meta['cpus']} CPUs, "
+        f"load average {meta['loadavg'][0]:.1f}; before = `{meta.get('before_ref', '-')}` "
+        f"({meta.get('before_commit', '-')[:10]}), after = this tree, default settings). Each cell: the peak growth "
+        "of the guard's resident memory, what the attacker got, and how many of the prober's requests "
+        "(`/healthz` and a real review on new connections every 0.25 s) were answered during the attack.",
+        "",
+        "| attack | before | after |",
+        "|---|---|---|",
+        *rows,
+        END,
+    ])
+
+
+def write_doc(doc: Path, result: dict) -> None:
+    text = doc.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    doc.write_text(text[:start] + section(result) + text[end:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", metavar="REF", help="also attack this git ref (e.g. the branch point)")
+    p.add_argument("--only", action="append", choices=[a.name for a in ATTACKS], help="run only these attacks")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "reliability" / "attacks.json")
+    p.add_argument("--doc", type=Path, help="rewrite the attacks section of this Markdown file")
+    args = p.parse_args(argv)
+    result: dict = {"meta": {"started": dt.datetime.now(dt.timezone.utc).isoformat(), "cpus": os.cpu_count(),
+                             "loadavg": os.getloadavg(), "python": platform.python_version()}}
+    with tempfile.TemporaryDirectory(prefix="guard-attacks-") as tmp:
+        if args.before:
+            commit = subprocess.run(["git", "rev-parse", args.before], cwd=ROOT, check=True, capture_output=True,
+                                    text=True).stdout.strip()
+            result["meta"].update(before_ref=args.before, before_commit=commit)
+            with checkout(commit) as tree:
+                result["before"] = run_all(tree, Path(tmp) / "before", args.only)
+        result["after"] = run_all(ROOT, Path(tmp) / "after", args.only)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    if args.doc:
+        write_doc(args.doc, result)
+        print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""One client on the network cannot take the guard down: the attacks of ``bench/attacks.py`` against the real
+``serve`` (default settings), with the bounds they must stay within.
+
+Memory is the peak growth of the guard's resident set over the attack; deadlines are generous for a loaded
+2-core machine (the guard closes at 10 s what the bounds allow 15 or 30 s for). ``make reliability`` runs the
+same attacks against the branch point too and writes both into docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+
+import pytest
+
+from app.cli import main as cli_main
+from bench.attacks import (
+    MiB,
+    Guard,
+    Memory,
+    Prober,
+    connect,
+    flood_headers,
+    held_connections,
+    idle_metrics,
+    request,
+    review,
+    wait_closed,
+)
+from tests.guard_process import ROOT, free_port
+from tests.live_support import eventually
+
+DEMO = ROOT / "examples" / "demo-snapshot.yaml"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def scrape(guard: Guard) -> str:
+    return request(guard, "GET", "/metrics", port=guard.metrics_port)[1].decode()
+
+
+@pytest.fixture(scope="module")
+def guard(tmp_path_factory):
+    g = Guard(ROOT, tmp_path_factory.mktemp("hostile"))
+    yield g
+    g.stop()
+
+
+def attacked(guard: Guard, attack) -> tuple[dict, Memory, Prober]:
+    prober = Prober(guard)
+    with Memory(guard.proc.pid) as mem, prober.running():
+        outcome = attack()
+    return outcome, mem, prober
+
+
+@pytest.mark.parametrize("port", ["https", "metrics"])
+def test_16_mib_of_headers_is_refused_and_costs_less_than_32_mib(guard, port) -> None:
+    outcome, mem, prober = attacked(guard, lambda: flood_headers(
+        guard, 16 * MiB, port=None if port == "https" else guard.metrics_port))
+    assert outcome["refused"] and outcome["answer"] in ("HTTP/1.1 431 Request Header Fields Too Large",
+                                                        "connection closed"), outcome
+    assert mem.growth_mib < 32, mem.growth_mib
+    assert prober.answered == prober.asked > 0
+
+
+def test_2000_connections_that_never_start_tls_are_closed_within_15s_and_healthz_keeps_answering(guard) -> None:
+    outcome, mem, prober = attacked(guard, lambda: held_connections(guard, 2000, within=15.0))
+    assert outcome["still_open"] == 0, outcome
+    assert mem.growth_mib < 128, mem.growth_mib
+    assert prober.answered == prober.asked > 0, f"{prober.answered}/{prober.asked}"
+
+
+def test_an_idle_and_a_dribbling_connection_to_the_metrics_port_are_closed_within_30s(guard) -> None:
+    outcome = idle_metrics(guard, within=30.0)
+    assert outcome["idle_closed_s"] is not None and outcome["slow_closed_s"] is not None, outcome
+
+
+def test_too_many_headers_get_431_and_a_body_over_the_limit_413_and_both_close(guard) -> None:
+    s = connect(guard)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: g\r\n" + b"".join(b"h%d: v\r\n" % i for i in range(101)) + b"\r\n")
+    s.settimeout(10)
+    assert s.recv(100).startswith(b"HTTP/1.1 431")
+    assert wait_closed([s], 5.0) != [None]
+    s = connect(guard)
+    s.sendall(b"POST /validate HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 65537\r\n\r\n{")
+    s.settimeout(10)
+    answer = s.recv(1000)
+    assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer.lower()
+    assert wait_closed([s], 5.0) != [None]
+    # a body at the limit is still an eviction review's size: answered
+    status, _ = request(guard, "POST", "/validate", review(reason="x" * (60 * 1024)))
+    assert status == 200
+
+
+def test_past_the_connection_cap_the_longest_waiting_connection_is_closed_and_new_clients_are_served(tmp_path) -> None:
+    g = Guard(ROOT, tmp_path, "--max-connections", "50")
+    try:
+        held = [socket.create_connection(("127.0.0.1", g.port), timeout=10) for _ in range(200)]
+        # the 150 oldest were closed to make room (capacity), the 50 newest wait for the handshake timeout
+        closed_at = wait_closed(held[:150], 10.0)
+        assert None not in closed_at
+        assert request(g, "GET", "/healthz")[0] == 200  # a new client gets in (and closes the oldest of the 50)
+        # the healthz connection has gone: 49 left; 151 closed for capacity
+        eventually(lambda: 'kubevirt_eviction_guard_open_connections{listener="webhook"} 49.0' in scrape(g))
+        assert 'kubevirt_eviction_guard_connections_closed_total{listener="webhook",reason="capacity"} 151.0' in scrape(g)
+        for s in held:
+            s.close()
+    finally:
+        g.stop()
+
+
+def test_a_tls_handshake_must_finish_within_the_timeout(tmp_path) -> None:
+    g = Guard(ROOT, tmp_path, "--tls-handshake-timeout", "1s")
+    try:
+        raw = socket.create_connection(("127.0.0.1", g.port), timeout=10)
+        started = time.monotonic()
+        [closed_after] = wait_closed([raw], 8.0)
+        assert closed_after is not None and time.monotonic() - started < 8.0
+        with connect(g) as tls:  # a client that does its handshake is unaffected
+            assert isinstance(tls, ssl.SSLSocket)
+        assert 'kubevirt_eviction_guard_connections_closed_total{listener="webhook",reason="tls_handshake"} 1.0' in scrape(g)
+        raw.close()
+    finally:
+        g.stop()
+
+
+@pytest.mark.parametrize(("flag", "value", "complaint"), [
+    ("--max-header-bytes", "100", "--max-header-bytes: must be at least 1024, got 100"),
+    ("--max-headers", "5", "--max-headers: must be at least 16, got 5"),
+    ("--max-headers", "0", "argument --max-headers: expected a positive whole number"),
+    ("--max-connections", "2", "--max-connections: must be at least 8, got 2"),
+    ("--tls-handshake-timeout", "0s", "--tls-handshake-timeout: must be positive, got 0s"),
+    ("--tls-handshake-timeout", "soon", "--tls-handshake-timeout: "),
+    ("--max-body-bytes", "0", "argument --max-body-bytes: expected a positive whole number"),
+])
+def test_a_bad_bound_stops_start_up_naming_it(tmp_path, capsys, flag, value, complaint) -> None:
+    from app.tls import issue_certs, write_certs
+
+    certs = write_certs(issue_certs("guard", "test"), tmp_path / "certs")
+    try:
+        code = cli_main(["serve", "--tls-cert", str(certs["cert"]), "--tls-key", str(certs["key"]),
+                         "--snapshot", str(DEMO), "--port", str(free_port()), flag, value])
+    except SystemExit as e:  # argparse's own type check
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and complaint in err, err
+    assert len(err.strip().splitlines()) == 1
