@@ -51,7 +51,10 @@ def test_reads_each_visit_with_the_in_flight_entries_of_its_cycle():
 
 
 def test_the_log_agrees_with_the_models_limits_and_a_wrong_limit_is_caught():
-    assert check(parse(LOG), LIMITS)["inconsistent_count"] == 0
+    checked = check(parse(LOG), LIMITS)
+    assert checked["inconsistent_count"] == 0
+    # the visits with a VM in flight: one sent a second VM, two met the in-flight pod first, one found 2 in flight
+    assert checked["with_in_flight"] == {"visits": 4, "sent_another": 1, "in_flight_pod_first": 2, "node_full": 1}
     # a per-node limit of 1 with the in-flight entry counted: the second cycle's eviction breaks it
     wrong = check(parse(LOG), dataclasses.replace(LIMITS, max_per_node=1))
     assert wrong["inconsistent_count"] >= 1

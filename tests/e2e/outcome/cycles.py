@@ -110,5 +110,11 @@ def check(cycles: list[Cycle], s: DeschedulerSettings) -> dict:
                 wrong.append({"cycle": i, "node": b.node, "problems": problems, "started": b.started,
                               "cached": b.cached, "refused": b.refused, "in_flight": b.in_flight,
                               "in_flight_total": c.in_flight_total, "removable": b.removable, "stop": b.stop})
+    held = [b for c in cycles for b in c.blocks if b.in_flight]
     return {"cycles": len(cycles), "node_visits": visits, "consistent": visits - len(wrong), "inconsistent": wrong[:5],
-            "inconsistent_count": len(wrong)}
+            "inconsistent_count": len(wrong),
+            # visits of a node with a VM in flight: another VM sent, or the in-flight pod met first (the
+            # candidate order among equal pods is Go's map order over the pod index, not a fresh shuffle)
+            "with_in_flight": {"visits": len(held), "sent_another": sum(1 for b in held if b.started),
+                               "in_flight_pod_first": sum(1 for b in held if b.cached and not b.started),
+                               "node_full": sum(1 for b in held if b.stop == "node_limit" and not b.started)}}

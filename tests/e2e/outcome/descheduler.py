@@ -154,11 +154,11 @@ class Descheduler(Service):
         return out
 
     def cycles(self, wall0: float) -> list[float]:
-        """Run times (seconds after ``wall0``) at which its cycles ended, from its log (klog's time of day)."""
+        """Run times (seconds after ``wall0``) at which its cycles began, from its log (klog's time of day)."""
         day = datetime.datetime.fromtimestamp(wall0, datetime.UTC).date()
         out = []
         for line in self.log.read_text(errors="replace").splitlines():
-            m = re.match(r"I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*\"Number of evictions/requests\"", line)
+            m = re.match(r"I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*Resetting pod evictor counters", line)
             if m:
                 h, mi, sec = int(m.group(1)), int(m.group(2)), float(m.group(3))
                 t = datetime.datetime.combine(day, datetime.time(h, mi), datetime.UTC).timestamp() + sec
