@@ -83,7 +83,8 @@ def test_stuck_descheduler_evacuation_cancelled_through_virt_api(cluster, guard,
     assert f'ClusterRole "{installation.fullname}"' in put["annotations"]["authorization.k8s.io/reason"]
     assert put["responseStatus"]["code"] == 200, put["responseStatus"]
     # virt-api's own review of the guard, and its own patch of the VMI
-    (review,) = [r for r in virt_api.reviews_of(user) if r.attributes["name"] == "stuck"]
+    (review,) = [r for r in virt_api.reviews_of(user) if r.attributes["namespace"] == ns
+                 and r.attributes["name"] == "stuck"]
     assert review.allowed, review
     assert review.attributes == {"namespace": ns, "verb": "update", "group": GROUP, "version": "v1",
                                  "resource": "virtualmachineinstances", "subresource": "evacuate/cancel",
