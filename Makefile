@@ -115,7 +115,7 @@ bench-doc: $(STAMP)
 
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
 # into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,
-# then cached: a warm run takes about a minute).
+# then cached: a warm run takes under a minute).
 # Writes build/e2e/summary.json. Not part of `make test`.
 E2E_ARGS ?=
 e2e-bin:
