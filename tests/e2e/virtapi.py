@@ -388,14 +388,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         code, out, user = 404, status(404, "NotFound", "the server could not find the requested resource"), ""
         if method == "GET" and path in NO_AUTH:
             code, out = 200, self._discovery(path)
-        elif not self._peer_ok():
-            code, out = 401, None
-            self._plain(401, "request is not authenticated")
-            self.api._record(Request(method, path, "", code))
-            return
         else:
-            allowed, reason, user = self.api.authorize(method, path, self.headers)
-            if not allowed:
+            allowed, reason, user = (self.api.authorize(method, path, self.headers) if self._peer_ok()
+                                     else (False, "request is not authenticated", ""))
+            if not allowed:  # virt-api's filter: 401 with the reason
                 self._plain(401, reason)
                 self.api._record(Request(method, path, user, 401))
                 return
