@@ -249,3 +249,13 @@ def test_serve_leaves_the_canceller_off_and_says_why(api, tmp_path, setup, args,
         guard.stop()
     assert api.cancels == []
     assert api.get("vmi", NS, "stuck")["status"]["evacuationNodeName"] == "node-a"
+
+
+def test_a_refusal_carries_virt_apis_reason(api, kube):
+    """The log line of a refused cancel says why: virt-api's Status message, not only "400 Bad Request"."""
+    from app.effects.kubeapi import PermanentApiError
+
+    effects_api = KubeEffectsApi(kube, timeout=(1.0, 2.0))
+    with pytest.raises(PermanentApiError) as refused:
+        effects_api.cancel_evacuation(NS, "tainted", "node-k")
+    assert str(refused.value) == '400 Bad Request: Node "node-k" has NodeDrainTaintKey "kubevirt.io/drain:NoSchedule"'
