@@ -914,6 +914,19 @@ def test_the_admission_policy_lets_the_guard_change_only_the_history_annotation_
     assert vap_verdict(vmi, cores, "virtualmachineinstances") == ["kubevirt-eviction-guard may not change spec or status"]
 
 
+def test_the_admission_policy_marks_what_it_judged_in_the_audit_log():
+    import celpy
+
+    spec = one(render(), "ValidatingAdmissionPolicy")["spec"]
+    (annotation,) = spec["auditAnnotations"]
+    assert annotation["key"] == "judged"
+    env = celpy.Environment()
+    for allowed in (EIP_KEY, HISTORY_KEY):
+        value = env.program(env.compile(annotation["valueExpression"])).evaluate(
+            {"variables": celpy.celtypes.MapType({celpy.celtypes.StringType("allowed"): celpy.celtypes.StringType(allowed)})})
+        assert str(value) == f"may change {allowed} only"
+
+
 def test_the_admission_policy_is_bound_and_matches_the_guards_writes():
     docs = render()
     policy, binding = one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")

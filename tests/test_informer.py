@@ -319,7 +319,7 @@ def test_absent_kubevirt_api_and_forbidden_kinds_are_named_in_readyz(api, guard,
                       what="readyz to name the missing kinds")
     assert body["notSynced"]["vmi"] == "404: kubevirt.io/v1 virtualmachineinstances not found: is KubeVirt installed?"
     assert body["notSynced"]["vmim"].startswith("404: kubevirt.io/v1 virtualmachineinstancemigrations not found")
-    assert body["notSynced"]["node"].startswith("403 forbidden: RBAC does not allow list/watch of v1 nodes")
+    assert body["notSynced"]["node"].startswith("403 forbidden: list/watch of v1 nodes refused (RBAC")
     eventually(lambda: restarts(metrics, "vmi", "not_found") >= 3, what="retries to continue")
     vmi_errors = [r for r in caplog.records if getattr(r, "kind", None) == "vmi" and r.levelno >= logging.ERROR]
     assert len(vmi_errors) == 1  # one clear error per kind, not one per retry

@@ -31,7 +31,7 @@ from tests.builders import (
 
 NODES = [node("worker-a"), node("worker-b"), node("worker-c", cordoned=True),
          node("worker-d", taints=("ToBeDeletedByClusterAutoscaler",)), node("worker-e", taints=("node.kubernetes.io/unschedulable",)),
-         node("worker-f", taints=("node-role.kubernetes.io/infra",))]
+         node("worker-f", taints=("node-role.kubernetes.io/infra",)), node("worker-g", taints=("kubevirt.io/drain",))]
 P = "virt-launcher-db-abcde"  # the pod evicted in most rows: VMI "db"
 BG = 'Evacuation in progress: Eviction triggered evacuation of VMI "vms/db"'
 
@@ -410,6 +410,8 @@ ROWS = [
         desched(), True, "allowed", "tainted ToBeDeletedByClusterAutoscaler"),
     Row("9 drain exemption: unschedulable taint", [vmi("db", "worker-e", migration=RECENT), pod("db", "worker-e")],
         desched(), True, "allowed", "tainted node.kubernetes.io/unschedulable"),
+    Row("9 drain exemption: KubeVirt's drain taint", [vmi("db", "worker-g", migration=RECENT), pod("db", "worker-g")],
+        desched(), True, "allowed", "tainted kubevirt.io/drain"),
     Row("9 scope all: autoscaler's eviction on its tainted node passes",
         [vmi("db", "worker-d", migration=RECENT), pod("db", "worker-d")], user(username="system:serviceaccount:kube-system:cluster-autoscaler"),
         True, "allowed", "ToBeDeletedByClusterAutoscaler", settings=PolicySettings(cooldown_scope="all")),

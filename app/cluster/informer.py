@@ -475,8 +475,9 @@ class Informer:
                 hint = f": {self.spec.if_absent}" if self.spec.if_absent else ""
                 return Outcome("not_found", problem=f"404: {what} not found{hint}", level=logging.ERROR)
             if code == 403:
-                return Outcome("forbidden", problem=f"403 forbidden: RBAC does not allow list/watch of {what}: {message}",
-                               level=logging.ERROR)
+                # also what a kube-apiserver answers for a second or so after it started, before its RBAC is loaded
+                return Outcome("forbidden", problem=f"403 forbidden: list/watch of {what} refused (RBAC, or an API "
+                               f"server that has just started and not yet loaded it): {message}", level=logging.ERROR)
             if code == 401:
                 return Outcome("unauthorized", problem="401 unauthorized: the API server rejected our credentials",
                                level=logging.ERROR)

@@ -54,7 +54,8 @@ DEFAULT_EVICTION_STRATEGY = STRATEGY_NONE
 MAX_SHOWN = 200  # condition messages kept for people: enough to name the cause
 AUTOSCALER_DRAIN_TAINT = "ToBeDeletedByClusterAutoscaler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-DRAIN_TAINTS = frozenset({AUTOSCALER_DRAIN_TAINT, UNSCHEDULABLE_TAINT})
+KUBEVIRT_DRAIN_TAINT = "kubevirt.io/drain"  # KubeVirt's default nodeDrainTaintKey: virt-controller evacuates the node
+DRAIN_TAINTS = frozenset({AUTOSCALER_DRAIN_TAINT, UNSCHEDULABLE_TAINT, KUBEVIRT_DRAIN_TAINT})
 
 _intern = sys.intern
 
@@ -442,7 +443,9 @@ def drain_signal(spec: dict) -> str:
     ``kubectl drain`` and maintenance operators cordon (``spec.unschedulable``).
     cluster-autoscaler taints the node ``ToBeDeletedByClusterAutoscaler`` and cordons
     only when configured to, so the taint alone means a drain too; so does the
-    ``node.kubernetes.io/unschedulable`` taint that accompanies a cordon.
+    ``node.kubernetes.io/unschedulable`` taint that accompanies a cordon, and KubeVirt's own
+    ``kubevirt.io/drain`` (its default ``nodeDrainTaintKey``): virt-controller evacuates every VM from
+    such a node, and virt-api refuses to cancel those evacuations.
     """
     if spec.get("unschedulable") is True:
         return "cordoned"

@@ -93,6 +93,17 @@ def classify(e: ApiException) -> Exception:
     return PermanentApiError(text)
 
 
+def server_said(body: str, limit: int = 300) -> str:
+    """A refusal's own words: a Status's ``message``, else the text (virt-api's authorizer answers 401 in plain
+    text); at most ``limit`` characters."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return " ".join(body.split())[:limit]
+    message = doc.get("message") if isinstance(doc, dict) else None
+    return message[:limit] if isinstance(message, str) else ""
+
+
 class KubeEffectsApi:
     """The writes, over a ``kubernetes.client.ApiClient`` (from kubeconfig or in-cluster)."""
 
@@ -147,12 +158,14 @@ class KubeEffectsApi:
         except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timed out
             raise TransientApiError(f"{type(e).__name__}: {e}") from None
         if not 200 <= resp.status <= 299:
+            text = data.decode("utf-8", "replace")
             try:
-                ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"), data=None)
+                ApiException.from_response(http_resp=resp, body=text, data=None)
             except ApiException as e:  # it raises the status's own subclass
-                raise classify(e) from None
+                err = classify(e)
+                said = server_said(text)  # why virt-api refused (its drain taint, its own review): for the log line
+                raise type(err)(f"{err}: {said}" if said else str(err)) from None
             raise PermanentApiError(f"{resp.status} {resp.reason or ''}".strip())
-
 
     def serves(self, group: str, version: str, resource: str) -> bool:
         try:

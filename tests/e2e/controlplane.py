@@ -17,6 +17,17 @@ An audit log (``audit.log``, level Metadata for every request, JSON lines) recor
 authorizer and the admission webhooks said about it (``audit_events``): the RBAC check reads the guard's own calls
 from it, the eviction checks the webhook's audit annotations. ``install_crds`` registers the KubeVirt and
 KubeDescheduler CRDs of ``tests/e2e/crds`` (envtest's ``CRDDirectoryPaths``).
+
+The aggregation layer is set up as kubeadm sets it up: a front-proxy CA, the proxy client certificate the API server
+presents to aggregated API servers (``--proxy-client-cert-file``) and the request-header flags they read back from
+the ``kube-system/extension-apiserver-authentication`` ConfigMap. ``--enable-aggregator-routing`` makes the API server
+call an APIService's (and a webhook Service's) endpoints, from their EndpointSlices, instead of a ClusterIP no
+kube-proxy serves here. Endpoint validation refuses loopback addresses, so a server a test registers behind a Service
+listens on this machine's own address (``host_address``).
+
+``webhook_client_hosts``: the API server presents a client certificate (``webhook_client_cert``, signed by
+``webhook_client_ca``) to the webhooks at these hosts, configured as docs/install.md ("Client certificates") tells
+users: ``--admission-control-config-file`` naming a kubeconfig whose user entries are the webhooks' hosts.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("E2E_BIN") or ROOT / "build" / "e2e" / "bin")
 BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm")
 CRDS = Path(__file__).resolve().parent / "crds"
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN of the API server's proxy client certificate (kubeadm's)
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
                 "rules": [{"level": "Metadata"}]}
 
@@ -56,6 +68,44 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def host_address() -> str:
+    """This machine's own (non-loopback) IPv4 address: the source address of its default route, else the first
+    global address of an interface. ``E2E_HOST_IP`` overrides. The API server accepts it as an endpoint address
+    (loopback and link-local ones are refused by EndpointSlice validation), and it is local, so nothing leaves the
+    machine."""
+    if os.environ.get("E2E_HOST_IP"):
+        return os.environ["E2E_HOST_IP"]
+    candidates = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("203.0.113.1", 9))  # TEST-NET-3; a UDP connect sends nothing, it only picks the route
+            candidates.append(s.getsockname()[0])
+        except OSError:
+            pass
+    candidates += _interface_addresses()
+    for addr in candidates:
+        ip = ipaddress.ip_address(addr)
+        if not (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast):
+            return addr
+    raise RuntimeError("no non-loopback IPv4 address on this machine for endpoints the API server accepts; "
+                       "set E2E_HOST_IP to one (or add one to a dummy interface)")
+
+
+def _interface_addresses() -> list[str]:
+    import fcntl
+    import struct
+
+    out = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            out.append(socket.inet_ntoa(raw[20:24]))
+    return out
 
 
 def binary_version(name: str, bin_dir: Path = BIN) -> str:
@@ -100,8 +150,10 @@ class CertificateAuthority:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, cn: str, org: str | None = None, server: bool = False) -> tuple[bytes, bytes]:
-        """(certificate PEM, key PEM): a serving certificate for loopback, or a client certificate."""
+    def issue(self, cn: str, org: str | None = None, server: bool = False, dns_names: tuple[str, ...] = (),
+              ips: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+        """(certificate PEM, key PEM): a serving certificate for loopback (and ``dns_names``, ``ips``), or a client
+        certificate."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.timezone.utc)
         b = (x509.CertificateBuilder().subject_name(_name(cn, org)).issuer_name(self.cert.subject)
@@ -110,8 +162,8 @@ class CertificateAuthority:
              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
         if server:
             sans = [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
-                                              "kubernetes.default.svc")]
-            sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+                                              "kubernetes.default.svc", *dns_names)]
+            sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", *ips)]
             b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False).add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         else:
@@ -171,7 +223,8 @@ class _Process:
 class ControlPlane:
     """etcd + kube-apiserver in ``workdir``. ``start()`` returns when ``/readyz`` answers 200 to the admin."""
 
-    def __init__(self, workdir: Path, bin_dir: Path = BIN, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, workdir: Path, bin_dir: Path = BIN, extra_args: tuple[str, ...] = (),
+                 webhook_client_hosts: tuple[str, ...] = ()) -> None:
         self.dir = workdir
         self.bin = bin_dir
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -189,6 +242,13 @@ class ControlPlane:
                                                  key=self._write("admin.key", admin_key), user="e2e-admin")
         self.audit_log = self.dir / "audit.log"
         self._write("audit-policy.yaml", json.dumps(AUDIT_POLICY).encode())
+        # the aggregation layer (kubeadm's front-proxy): the API server's identity towards aggregated API servers
+        self.front_proxy_ca = CertificateAuthority("e2e-front-proxy-ca")
+        self.front_proxy_ca_path = self._write("front-proxy-ca.crt", self.front_proxy_ca.pem)
+        proxy, proxy_key = self.front_proxy_ca.issue(FRONT_PROXY_CLIENT)
+        self._write("front-proxy-client.crt", proxy)
+        self._write("front-proxy-client.key", proxy_key)
+        admission = self._webhook_client_config(webhook_client_hosts) if webhook_client_hosts else []
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self._write("sa.key", _pem_key(sa_key))
         self._write("sa.pub", sa_key.public_key().public_bytes(serialization.Encoding.PEM,
@@ -218,8 +278,38 @@ class ControlPlane:
             "--audit-policy-file", str(self.dir / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
             "--audit-log-format", "json", "--audit-log-mode", "blocking",
             "--shutdown-watch-termination-grace-period", "2s",
+            "--proxy-client-cert-file", str(self.dir / "front-proxy-client.crt"),
+            "--proxy-client-key-file", str(self.dir / "front-proxy-client.key"),
+            "--requestheader-client-ca-file", str(self.front_proxy_ca_path),
+            "--requestheader-allowed-names", FRONT_PROXY_CLIENT,
+            "--requestheader-username-headers", "X-Remote-User", "--requestheader-group-headers", "X-Remote-Group",
+            "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+            "--enable-aggregator-routing=true",
+            *admission,
             *extra_args,
         ], self.dir / "kube-apiserver.log")
+
+    def _webhook_client_config(self, hosts: tuple[str, ...]) -> list[str]:
+        """docs/install.md's AdmissionConfiguration and webhook kubeconfig: a client certificate (from its own CA,
+        the one a guard's ``clientCA`` names) for each of ``hosts``; the API server's flag that reads them."""
+        self.webhook_client_ca = CertificateAuthority("e2e-webhook-client-ca")
+        self.webhook_client_ca_path = self._write("webhook-client-ca.crt", self.webhook_client_ca.pem)
+        cert, key = self.webhook_client_ca.issue("kube-apiserver-webhook-client")
+        self.webhook_client_cert = (self._write("webhook-client.crt", cert), self._write("webhook-client.key", key))
+        self.webhook_kubeconfig = self.dir / "webhook-kubeconfig.yaml"
+        self.webhook_kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config",
+            "users": [{"name": host, "user": {"client-certificate": str(self.webhook_client_cert[0]),
+                                              "client-key": str(self.webhook_client_cert[1])}} for host in hosts],
+        }, indent=1))
+        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+                  "kubeConfigFile": str(self.webhook_kubeconfig)}
+        self.admission_config = self._write("admission.yaml", json.dumps({
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": name, "configuration": plugin}
+                        for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")],
+        }, indent=1).encode())
+        return ["--admission-control-config-file", str(self.admission_config)]
 
     def _write(self, name: str, data: bytes) -> Path:
         p = self.dir / name

@@ -17,6 +17,7 @@ local process stands in for its pod.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -107,6 +108,14 @@ class Installation:
         return json.loads(self.cp.kubectl("get", kind, name, *ns, "-o", "json").stdout)
 
 
+def credential_id(token: str) -> str:
+    """What the API server records of a ServiceAccount token in ``user.extra["authentication.kubernetes.io/
+    credential-id"]`` (audit log, SubjectAccessReviews): ``JTI=<the token's jti>``. It tells one token's requests
+    from another's of the same ServiceAccount."""
+    payload = token.split(".")[1]
+    return "JTI=" + json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["jti"]
+
+
 def helm(cp: ControlPlane, *args: str, timeout: float = 120) -> str:
     """The built Helm CLI against the control plane, as the admin; its stdout, or an error with its output."""
     env = {**os.environ, "HELM_CACHE_HOME": str(cp.dir / "helm" / "cache"),
@@ -133,11 +142,13 @@ def issue_certs(workdir: Path, service: str, namespace: str) -> tuple[dict[str, 
 
 
 def install_chart(cp: ControlPlane, workdir: Path, *, release: str = RELEASE, namespace: str = NAMESPACE,
-                  values: dict | None = None, port: int | None = None) -> Installation:
+                  values: dict | None = None, port: int | None = None, service: bool = False) -> Installation:
     """Install the chart with ``helm install`` for a guard that will listen on 127.0.0.1:``port``.
 
     ``values`` are merged over the test's own (``webhook.url``, ``certificates.mode: secret``); anything a user may
-    set can be given, e.g. ``{"policy": {...}, "cancelStuckEvacuations": {"enabled": True}}``."""
+    set can be given, e.g. ``{"policy": {...}, "cancelStuckEvacuations": {"enabled": True}}``. ``service``: no
+    ``webhook.url``, the chart's own ``clientConfig.service`` (the API server reaches the guard through the Service's
+    EndpointSlice, ``publish_endpoint``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     certs, ca_bundle = issue_certs(workdir, fullname(release, values or {}), namespace)
@@ -146,7 +157,7 @@ def install_chart(cp: ControlPlane, workdir: Path, *, release: str = RELEASE, na
     cp.kubectl("-n", namespace, "create", "secret", "tls", TLS_SECRET, "--cert", str(certs["cert"]),
                "--key", str(certs["key"]))
     chosen = merge({
-        "webhook": {"url": f"https://127.0.0.1:{port}"},
+        **({} if service else {"webhook": {"url": f"https://127.0.0.1:{port}"}}),
         "certificates": {"mode": "secret", "secret": {"name": TLS_SECRET, "caBundle": ca_bundle}},
     }, values or {})
     values_file = workdir / f"values-{release}.yaml"
@@ -156,6 +167,20 @@ def install_chart(cp: ControlPlane, workdir: Path, *, release: str = RELEASE, na
     manifest = helm(cp, "get", "manifest", release, "--namespace", namespace)
     inst.manifests = [d for d in yaml.safe_load_all(manifest) if d]
     return inst
+
+
+def publish_endpoint(inst: Installation, address: str, port: int) -> None:
+    """What the EndpointSlice controller writes for a Ready pod of the release at ``address``: the chart's Service
+    (port ``https``) then leads to ``address:port``; the API server, run with ``--enable-aggregator-routing``, calls a
+    service webhook there. ``address`` must be one the API server accepts as an endpoint (not loopback)."""
+    service = inst.one("Service")
+    doc = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": f"{inst.fullname}-e2e", "namespace": inst.namespace,
+                        "labels": {"kubernetes.io/service-name": service["metadata"]["name"],
+                                   "endpointslice.kubernetes.io/managed-by": "e2e.kubevirt-eviction-guard.io"}},
+           "addressType": "IPv4", "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+           "endpoints": [{"addresses": [address], "conditions": {"ready": True}}]}
+    inst.cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
 
 
 def uninstall_chart(inst: Installation) -> None:
@@ -171,23 +196,29 @@ class GuardProcess:
     ``--shutdown-drain=0s`` is added so that stopping costs no drain time; ``drain=True`` keeps the chart's."""
 
     def __init__(self, inst: Installation, extra_args: tuple[str, ...] | list[str] = (), *, name: str = "guard",
-                 drain: bool = False, token_seconds: int = 3 * 3600) -> None:
+                 drain: bool = False, token_seconds: int = 3 * 3600, host: str = "127.0.0.1",
+                 files: dict[str, Path] | None = None, probe: str = "https") -> None:
+        """``host``: the address both ports listen on; ``files``: local stand-ins for more of the pod's paths (e.g. the
+        client CA's); ``probe``: ``https`` (``/readyz`` on the webhook port) or ``metrics`` (on the plain port, as
+        the chart's probes do: the way with ``clientCA``)."""
         self.inst, self.cp = inst, inst.cp
         self.dir = inst.workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.host, self.probe = host, probe
         self.port = inst.port
         self.metrics_port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"https://{host}:{self.port}"
         self.log = self.dir / "guard.log"
         token = self.cp.service_account_token(inst.namespace, inst.service_account, seconds=token_seconds)
         self.kubeconfig = self.cp.token_kubeconfig(token, f"{name}-{inst.service_account}")
         token_file = self.dir / "token"
         token_file.write_text(token)
+        self.credential_id = credential_id(token)
         config = self.dir / "config.yaml"
         configmap = inst.get("configmap", inst.fullname)
         config.write_text(configmap["data"]["config.yaml"])
         self.paths = {f"{POD_TLS_DIR}/tls.crt": inst.certs["cert"], f"{POD_TLS_DIR}/tls.key": inst.certs["key"],
-                      POD_CONFIG: config, POD_SA_TOKEN: token_file}
+                      POD_CONFIG: config, POD_SA_TOKEN: token_file, **(files or {})}
         deployment = inst.get("deployment", inst.fullname)
         (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "guard"]
         self.chart_args = list(container["args"])
@@ -200,7 +231,7 @@ class GuardProcess:
         for arg in args:
             flag, eq, value = arg.partition("=")
             if flag == "--host":
-                value = "127.0.0.1"
+                value = self.host
             elif flag == "--port":
                 value = str(self.port)
             elif flag == "--metrics-port":
@@ -272,13 +303,16 @@ class GuardProcess:
                             timeout=10, **kw)
 
     def readyz(self) -> tuple[int, dict]:
+        if self.probe == "metrics":
+            r = httpx.get(f"http://{self.host}:{self.metrics_port}/readyz", timeout=10)
+            return r.status_code, r.json()
         with self.client() as c:
             r = c.get("/readyz")
             return r.status_code, r.json()
 
     def metrics(self) -> dict[tuple[str, frozenset], float]:
         """``/metrics`` of the plain metrics port as {(sample name, labels): value}."""
-        r = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10)
+        r = httpx.get(f"http://{self.host}:{self.metrics_port}/metrics", timeout=10)
         r.raise_for_status()
         return {(s.name, frozenset(s.labels.items())): s.value
                 for fam in text_string_to_metric_families(r.text) for s in fam.samples}

@@ -82,8 +82,10 @@ def build_rows(cluster: Cluster) -> dict[str, Row]:
         "evacuation_pending", ns, marked.pod_name, True, BACKGROUND.format(ns=ns, vm="marked") +
         f': VMI is marked for evacuation from node "{d}", its migration is pending')
 
-    # rule 5a: a descheduler-caused evacuation whose attempts failed three times; a drain still gets rule 7
-    e = cluster.fresh_node()
+    # rule 5a: a descheduler-caused evacuation whose attempts failed three times; a drain still gets rule 7. Its node
+    # has no Node object: the session's guard cancels stuck evacuations (virt-api serves evacuate/cancel here), and
+    # never on a node it does not know, so this mark stays for the whole check.
+    e = cluster.unique("unregistered")
     stuck = cluster.vm(ns, "stuck", e, evacuation_node=e, annotations={"kubevirt.io/eviction-source": "descheduler"})
     for i in range(3):
         o.vmim(ns, f"stuck-{i}", "stuck", "Failed", evacuation_node=e, priority="system-maintenance",

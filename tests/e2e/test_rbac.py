@@ -10,12 +10,20 @@ chart's text:
 3. Every verb the chart grants is one of those calls (``get`` beside ``list`` counts as used: a list reveals the
    same), and what the guard must never do is refused (``FORBIDDEN``, by SubjectAccessReview).
 
+The guard's own calls are those made with its token (the audit event's ``credential-id``), not every request of its
+ServiceAccount: the admission-policy check sends forbidden requests with another token of the same account.
+
 KubeVirt's ``evacuate/cancel`` is a PUT on ``.../virtualmachineinstances/NAME/evacuate/cancel`` in the aggregated
-group ``subresources.kubevirt.io``. The API server's request-info resolver (k8s.io/apiserver
-``pkg/endpoints/request/requestinfo.go``) takes the resource, the name, and the first segment after the name as the
-subresource: PUT -> verb ``update``, resource ``virtualmachineinstances``, subresource ``evacuate``; ``cancel`` is
-not part of the authorization. The check reads exactly that from the audit event of the guard's own cancel call,
-and shows that the same call by an identity without the rule is refused.
+group ``subresources.kubevirt.io`` (served here by the virt-api stand-in, tests/e2e/virtapi.py). The API server's
+request-info resolver (k8s.io/apiserver ``pkg/endpoints/request/requestinfo.go``) takes the resource, the name, and
+the first segment after the name as the subresource: PUT -> verb ``update``, resource ``virtualmachineinstances``,
+subresource ``evacuate``; ``cancel`` is not part of its authorization (virt-api's own SubjectAccessReview names it:
+tests/e2e/test_canceller.py). The check reads exactly that from the audit event of the guard's own cancel call, and
+shows that the same call by an identity without the rule is refused before it reaches virt-api.
+
+Discovery of a group/version (``GET /apis/GROUP/VERSION``) is a non-resource request: the audit event has no
+``objectRef``, RBAC grants it to every authenticated user (``system:discovery``); ``GUARD_DISCOVERY`` lists those
+the guard makes.
 """
 
 from __future__ import annotations
@@ -51,6 +59,23 @@ GUARD_CALLS = {
         "app/effects/kubeapi.py cancel_evacuation (PUT .../evacuate/cancel)",
     ("list", "operator.openshift.io", "kubedeschedulers", "", True): "app/cluster/descheduler.py (list)",
     ("watch", "operator.openshift.io", "kubedeschedulers", "", True): "app/cluster/descheduler.py (watch)",
+    ("list", "kubevirt.io", "kubevirts", "", False): "app/cluster/informer.py SPECS[KUBEVIRT] (list)",
+    ("watch", "kubevirt.io", "kubevirts", "", False): "app/cluster/informer.py SPECS[KUBEVIRT] (watch)",
+    ("create", "authorization.k8s.io", "selfsubjectaccessreviews", "", False):
+        "app/effects/kubeapi.py allowed (the canceller's probe: may it call evacuate/cancel)",
+}
+
+# (verb, group, resource, subresource): what KubeVirt's virt-api asks the API server, by SubjectAccessReview, about the
+# guard's own calls to it before it serves them (virt-api rest/authorizer.go: the whole path after the name).
+VIRT_API_REVIEWS = {
+    ("update", "subresources.kubevirt.io", "virtualmachineinstances", "evacuate/cancel"):
+        "virt-api's review of the guard's PUT .../evacuate/cancel",
+}
+
+# (verb, path): the guard's non-resource requests (discovery), and where.
+GUARD_DISCOVERY = {
+    ("get", "/apis/subresources.kubevirt.io/v1"): "app/effects/kubeapi.py serves (the canceller's probe)",
+    ("get", "/apis/operator.openshift.io/v1"): "app/cluster/descheduler.py (is KubeDescheduler served)",
 }
 
 # (verb, group, resource, subresource, namespace or None for cluster-wide): what the guard must never be allowed.
@@ -89,16 +114,23 @@ def sar(api: client.ApiClient, user: str, groups: list[str], verb: str, group: s
     return client.AuthorizationV1Api(api).create_subject_access_review(review).status
 
 
+def non_resource_sar(api: client.ApiClient, user: str, groups: list[str], verb: str,
+                     path: str) -> client.V1SubjectAccessReviewStatus:
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=user, groups=groups, non_resource_attributes=client.V1NonResourceAttributes(verb=verb, path=path)))
+    return client.AuthorizationV1Api(api).create_subject_access_review(review).status
+
+
 def key_of(ev: dict) -> tuple[str, str, str, str, bool]:
     ref = ev.get("objectRef", {})
     return (ev["verb"], ref.get("apiGroup", ""), ref.get("resource", ""), ref.get("subresource", ""),
             bool(ref.get("namespace")))
 
 
-def exercise_every_call(cluster, guard) -> None:
+def exercise_every_call(cluster, guard) -> str:
     """Make the guard make each of its calls now (the session's other tests may not have): a finished migration
     (history patch), a rule-7 denial twice (VMI get, pod patch, Event create, then an Event patch), a stuck
-    descheduler evacuation (the canceller's PUT)."""
+    descheduler evacuation (the canceller's PUT). Returns the namespace it used."""
     ns = cluster.fresh_namespace("rbac")
     node, other = cluster.fresh_node(), cluster.fresh_node()
     cluster.vm(ns, "moved", node, migration=migration_state(other, node, started=9, ended=5))
@@ -128,21 +160,27 @@ def exercise_every_call(cluster, guard) -> None:
     eventually(lambda: made("patch", "events", None), 20, "the Event aggregation patch")
     eventually(lambda: made("update", "virtualmachineinstances", "stuck", "evacuate"), 20, "the evacuate/cancel PUT")
     assert EVICTION_IN_PROGRESS in cluster.objects.get_pod(ns, marked.pod_name)["metadata"]["annotations"]
+    return ns
 
 
 @pytest.mark.check("rbac")
-def test_rbac_allows_the_guards_calls_and_nothing_more(cluster, guard, installation, control_plane, detail):
-    exercise_every_call(cluster, guard)
+def test_rbac_allows_the_guards_calls_and_nothing_more(cluster, guard, installation, control_plane, virt_api,
+                                                       detail):
+    exercised = exercise_every_call(cluster, guard)
     user = installation.username
     groups = ["system:serviceaccounts", f"system:serviceaccounts:{installation.namespace}", "system:authenticated"]
-    events = [e for e in control_plane.audit_events(user) if "objectRef" in e]
+    mine = [e for e in control_plane.audit_events(user)
+            if guard.credential_id in e["user"].get("extra", {}).get("authentication.kubernetes.io/credential-id", [])]
+    events = [e for e in mine if "objectRef" in e]
     assert events, "no request of the guard in the audit log"
 
     # 1. every request the guard made was allowed
-    forbidden = sorted({(key_of(e), e["annotations"].get("authorization.k8s.io/reason", "")) for e in events
+    forbidden = sorted({(key_of(e) if "objectRef" in e else e["requestURI"],
+                         e["annotations"].get("authorization.k8s.io/reason", "")) for e in mine
                         if e.get("annotations", {}).get("authorization.k8s.io/decision") != "allow"})
     assert not forbidden, f"requests of the guard the authorizer refused: {forbidden}"
     observed = {key_of(e) for e in events}
+    discovery = {(e["verb"], e["requestURI"].split("?")[0]) for e in mine if "objectRef" not in e}
 
     # 2. every call of the code was made, and a SubjectAccessReview agrees
     missing = {k: where for k, where in GUARD_CALLS.items() if k not in observed}
@@ -154,9 +192,21 @@ def test_rbac_allows_the_guards_calls_and_nothing_more(cluster, guard, installat
         assert status.allowed, (verb, group, resource, sub, ns, status)
     unexpected = observed - set(GUARD_CALLS)
     assert not unexpected, f"the guard made calls GUARD_CALLS does not list (add them, with where): {unexpected}"
+    missing = {k: where for k, where in GUARD_DISCOVERY.items() if k not in discovery}
+    assert not missing, f"discovery requests of the guard's code not seen in this session: {missing}"
+    assert discovery == set(GUARD_DISCOVERY), f"non-resource requests GUARD_DISCOVERY does not list: {discovery}"
+    for verb, path in GUARD_DISCOVERY:
+        assert non_resource_sar(api, user, groups, verb, path).allowed, (verb, path)
 
-    # 3. nothing granted that no call uses, and the forbidden list refused
+    # virt-api's reviews of the guard's calls to it were made and allowed
+    reviewed = {(r.attributes["verb"], r.attributes["group"], r.attributes["resource"], r.attributes["subresource"])
+                for r in virt_api.reviews_of(user) if r.allowed}
+    missing = {k: why for k, why in VIRT_API_REVIEWS.items() if k not in reviewed}
+    assert not missing, f"virt-api's reviews of the guard not seen allowed: {missing}"
+
+    # 3. nothing granted that no call (or virt-api's review of one) uses, and the forbidden list refused
     used = {(v, g, r + (f"/{s}" if s else "")) for v, g, r, s, _ in GUARD_CALLS}
+    used |= {(v, g, f"{r}/{s}") for v, g, r, s in VIRT_API_REVIEWS}
     granted = set()
     for doc in installation.manifests:
         if doc["kind"] in ("ClusterRole", "Role"):
@@ -172,11 +222,13 @@ def test_rbac_allows_the_guards_calls_and_nothing_more(cluster, guard, installat
     # the evacuate/cancel rule: as the chart writes it, as the API server resolves the real call
     (rule,) = [r for d in installation.manifests if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]
                if "subresources.kubevirt.io" in r["apiGroups"]]
-    assert rule["resources"] == ["virtualmachineinstances/evacuate"] and rule["verbs"] == ["update"], rule
-    cancel = next(e for e in events if e["objectRef"].get("subresource") == "evacuate")
+    assert rule["resources"] == ["virtualmachineinstances/evacuate", "virtualmachineinstances/evacuate/cancel"] \
+        and rule["verbs"] == ["update"], rule
+    cancel = next(e for e in events if e["objectRef"].get("subresource") == "evacuate"
+                  and e["objectRef"].get("namespace") == exercised and e["objectRef"].get("name") == "stuck")
     assert cancel["requestURI"].endswith("/evacuate/cancel"), cancel["requestURI"]
     assert cancel["objectRef"]["apiGroup"] == "subresources.kubevirt.io" and cancel["verb"] == "update"
-    assert cancel["responseStatus"]["code"] == 404  # authorized; no virt-api serves the group here
+    assert cancel["responseStatus"]["code"] == 200  # authorized, proxied to virt-api, which cancelled
     stranger = _stranger_token(control_plane)
     trust = ssl.create_default_context(cafile=str(control_plane.ca_path))
     with httpx.Client(base_url=control_plane.url, verify=trust, timeout=10) as http:
@@ -185,10 +237,12 @@ def test_rbac_allows_the_guards_calls_and_nothing_more(cluster, guard, installat
     assert r.status_code == 403, r.text  # the same call without the rule: refused before routing
     assert 'cannot update resource "virtualmachineinstances/evacuate" in API group "subresources.kubevirt.io"' \
         in r.json()["message"], r.json()["message"]
-    detail["detail"] = (f"{len(events)} requests of {user}, all allowed; {len(GUARD_CALLS)} kinds of call from the "
-                        f"code seen and SAR-allowed; {len(granted)} granted verbs all used; {len(FORBIDDEN)} forbidden "
+    detail["detail"] = (f"{len(mine)} requests of {user} with the guard's token, all allowed; "
+                        f"{len(GUARD_CALLS)} kinds of call from the code and {len(GUARD_DISCOVERY)} discovery GETs "
+                        f"seen and SAR-allowed; {len(granted)} granted verbs all used (update "
+                        f"virtualmachineinstances/evacuate/cancel by virt-api's review); {len(FORBIDDEN)} forbidden "
                         "SARs refused; PUT .../evacuate/cancel resolved as update virtualmachineinstances/evacuate "
-                        "in subresources.kubevirt.io: allowed for the guard (404, no virt-api), 403 without the rule")
+                        "in subresources.kubevirt.io: allowed for the guard (200 from virt-api), 403 without the rule")
 
 
 def _stranger_token(cp) -> str:

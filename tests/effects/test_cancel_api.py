@@ -62,7 +62,7 @@ def cluster(api: FakeApiServer) -> None:
         (marked("critical", "node-a"), [*failed("critical", "node-a", 3),
                                          o.vmim(NS, "critical-admin", "critical", phase="Pending", created=NOW - 10,
                                                 priority=CRIT)]),  # a system-critical VMIM queued
-        (marked("tainted", "node-k"), failed("tainted", "node-k", 3)),  # virt-api refuses (drain taint)
+        (marked("tainted", "node-k"), failed("tainted", "node-k", 3)),  # KubeVirt's drain taint: a drain
     ]
     for vmi, vmims in objects:
         api.put(vmi)
@@ -112,19 +112,19 @@ def test_cancels_only_the_stuck_descheduler_evacuation(api, kube):
     store = listed(kube)
     fx, c = canceller(store, kube, metrics)
     try:
-        assert c.scan() == 2  # stuck, and tainted (policy cannot see KubeVirt's own drain taint key)
+        assert c.scan() == 1  # stuck only: KubeVirt's drain taint is a drain (virt-api would refuse it)
         assert fx.queue.wait_idle(5)
     finally:
         fx.stop()
     done = {(r.name, r.status): r.body for r in api.cancels}
-    assert done == {("stuck", 200): {"evacuationNodeName": "node-a"}, ("tainted", 400): {"evacuationNodeName": "node-k"}}
+    assert done == {("stuck", 200): {"evacuationNodeName": "node-a"}}
     assert "evacuationNodeName" not in api.get("vmi", NS, "stuck")["status"]
     for name in ("young", "drain", "cordoned", "critical", "tainted"):
         assert api.get("vmi", NS, name)["status"]["evacuationNodeName"], name
     events = [e for e in api.events() if e.get("reason") == "EvacuationCancelled"]
     assert len(events) == 1 and events[0]["involvedObject"]["name"] == "stuck" and events[0]["type"] == "Warning"
     assert 'from node "node-a"' in events[0]["message"] and "3 failed attempts" in events[0]["message"]
-    assert cancels(metrics) == {("cancelled", "node-a", NS): 1.0, ("refused", "node-k", NS): 1.0}
+    assert cancels(metrics) == {("cancelled", "node-a", NS): 1.0}
 
 
 def test_a_cancelled_mark_is_not_cancelled_again_and_replicas_agree(api, kube):
@@ -141,10 +141,10 @@ def test_a_cancelled_mark_is_not_cancelled_again_and_replicas_agree(api, kube):
             assert stale_fx.queue.wait_idle(5)
         finally:
             stale_fx.stop()
-        # after the watch caught up, nothing is left to cancel but the refused one
+        # after the watch caught up, nothing is left to cancel
         fresh_fx, fresh = canceller(listed(kube), kube, metrics)
         try:
-            assert fresh.scan() == 1
+            assert fresh.scan() == 0
             assert fresh_fx.queue.wait_idle(5)
         finally:
             fresh_fx.stop()
@@ -221,7 +221,7 @@ def test_serve_cancels_by_default_where_it_can(api, tmp_path):
                 in metrics)
     finally:
         guard.stop()
-    assert {r.name for r in api.cancels} == {"stuck", "tainted"}
+    assert {r.name for r in api.cancels} == {"stuck"}  # not "tainted": KubeVirt's drain taint is a drain
     assert "evacuationNodeName" not in api.get("vmi", NS, "stuck")["status"]
     assert api.get("vmi", NS, "drain")["status"]["evacuationNodeName"] == "node-a"
 
@@ -249,3 +249,13 @@ def test_serve_leaves_the_canceller_off_and_says_why(api, tmp_path, setup, args,
         guard.stop()
     assert api.cancels == []
     assert api.get("vmi", NS, "stuck")["status"]["evacuationNodeName"] == "node-a"
+
+
+def test_a_refusal_carries_virt_apis_reason(api, kube):
+    """The log line of a refused cancel says why: virt-api's Status message, not only "400 Bad Request"."""
+    from app.effects.kubeapi import PermanentApiError
+
+    effects_api = KubeEffectsApi(kube, timeout=(1.0, 2.0))
+    with pytest.raises(PermanentApiError) as refused:
+        effects_api.cancel_evacuation(NS, "tainted", "node-k")
+    assert str(refused.value) == '400 Bad Request: Node "node-k" has NodeDrainTaintKey "kubevirt.io/drain:NoSchedule"'
