@@ -115,7 +115,7 @@ bench-doc: $(STAMP)
 
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
 # into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,
-# then cached: a warm run takes under a minute).
+# then cached: a warm run takes about 3 minutes, 2 of them the 90 s outcome run).
 # Writes build/e2e/summary.json. Not part of `make test`.
 E2E_ARGS ?=
 e2e-bin:
@@ -123,3 +123,11 @@ e2e-bin:
 
 e2e: $(STAMP) e2e-bin
 	$(PY) -m pytest -m e2e tests/e2e $(E2E_ARGS)
+
+# The outcome run (about 13 minutes): the real descheduler without the guard, with it, and with evictionLimits.node
+# 1, 12 minutes of real time each (side by side), against the actor's KubeVirt, Prometheus and load model
+# (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
+# table in docs/simulator.md. Needs unshare (the descheduler runs in its own mount namespace) and Debian's
+# prometheus. `make e2e` runs a 90 s form of it.
+e2e-outcome: $(STAMP) e2e-bin
+	$(PY) -m tests.e2e.outcome --docs docs/simulator.md

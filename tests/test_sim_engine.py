@@ -68,6 +68,19 @@ def test_same_seed_same_result_and_the_seed_matters():
     assert c["spread_cpu"] != a["spread_cpu"]
 
 
+def test_a_draw_rolls_the_dice_again_on_the_same_workload():
+    path = REPO / "examples" / "scenarios" / "failing-migrations.yaml"
+    first, other = (Simulation(load_scenario(path), "upstream", hours=1, draw=k) for k in (0, 3))
+    # the same cluster and load: placement and the load walks come from the workload's streams
+    assert [v.node.name for v in first.kv.vmis] == [v.node.name for v in other.kv.vmis]
+    a, b = first.run(), other.run()
+    assert [cpu[0] for cpu in a.node_cpu] == [cpu[0] for cpu in b.node_cpu]  # the load before the first cycle
+    # ... but another candidate order (and failure draws): the descheduler evicts other VMs
+    assert [(r.vm, r.start) for r in a.runs] != [(r.vm, r.start) for r in b.runs]
+    again = simulate(load_scenario(path), "upstream", hours=1, draw=3)
+    assert [(r.vm, r.start, r.end) for r in again.runs] == [(r.vm, r.start, r.end) for r in b.runs]
+
+
 def test_a_restart_runs_a_cycle_at_once_and_refills_the_cache_from_annotated_pods():
     data = {**HOT_NODE, "vms": [{**HOT_NODE["vms"][0], "dirtyRateMiBps": 1024}],  # never converge
             "events": [{"at": "1000s", "kind": "deschedulerRestart"}]}

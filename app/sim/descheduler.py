@@ -7,11 +7,16 @@ One cycle (every ``interval`` seconds, start to start; at once after a restart):
 2. nothing happens unless some node is under- and some overutilised and not
    every node is underutilised;
 3. overutilised nodes, highest first, without re-checking them: take pods, in
-   seeded random order (equal priority and QoS), until a limit refuses. Every
-   limit check is ``evicted this cycle + in flight + 1 > limit`` for
-   ``evictionLimits.node``, ``maxNoOfPodsToEvictPerNode`` and
-   ``maxNoOfPodsToEvictTotal``. A pod the filter (plugin) skips is passed over;
-   a pod already in the in-flight cache is not sent again but counts as evicted.
+   seeded random order (equal priority and QoS), until a limit refuses, checked
+   in the descheduler's order (v0.36): LowNodeUtilization's ``evictionLimits.node``
+   counts this cycle's evictions from the node only (``evicted >= limit`` stops
+   the node); a pod already in the in-flight cache is not sent again and passes
+   no other limit, but counts as evicted there; for a pod to be sent, the pod
+   evictor checks ``sent this cycle + in flight + 1 > limit`` for
+   ``maxNoOfPodsToEvictTotal`` (stops the cycle) and ``maxNoOfPodsToEvictPerNode``
+   (stops the node). So with ``evictionLimits.node: 1`` a node with one VM in
+   flight still gives up one more per cycle, up to ``maxNoOfPodsToEvictPerNode``.
+   A pod the filter (plugin) skips is passed over.
 
 The in-flight cache (EvictionsInBackground):
 - *assumed*: a 429 whose text contains ``Eviction triggered evacuation`` adds the
@@ -191,39 +196,37 @@ class Descheduler:
         result.blocked_by_in_flight = result.started == 0 and state["limit_hit"] and state["in_flight_total"] > 0
         return result
 
-    def _refused_by_limit(self, evicted_here: int, in_flight_here: int, state: dict) -> tuple[bool, bool]:
-        """(node limit reached, total limit reached) for one more eviction."""
-        s = self.s
-        node_full = (evicted_here + in_flight_here + 1 > s.eviction_limit_node
-                     or evicted_here + in_flight_here + 1 > s.max_per_node)
-        total_full = state["total"] + state["in_flight_total"] + 1 > s.max_total
-        return node_full, total_full
-
     def evict_from(self, node: str, in_flight_here: int, state: dict, result: CycleResult, now: int) -> bool:
         """Take pods from one overutilised node until a limit refuses; False once the
         total limit is reached (the cycle stops)."""
+        s = self.s
         candidates = sorted(self.kv.pods_on[node])
         self.rng.shuffle(candidates)  # equal priority and QoS: arbitrary order
-        evicted = 0
+        evicted = 0  # LowNodeUtilization's count for evictionLimits.node: cached candidates included
+        sent = 0  # new evictions from this node (the pod evictor's, beside the in-flight entries)
         passed_over = False
         for name in candidates:
             pod = self.kv.pods.get(name)
             if pod is None:
                 continue
+            if evicted >= s.eviction_limit_node:
+                state["limit_hit"] = True
+                return True
             skip = self.pre_filter(pod, now)
             if skip is not None:
                 self.outcomes[skip] += 1
                 passed_over = True
                 continue
-            node_full, total_full = self._refused_by_limit(evicted, in_flight_here, state)
-            if node_full or total_full:
-                state["limit_hit"] = True
-                return not total_full
             if name in self.cache:
-                self.cached_hits += 1  # already in flight: success without a request
+                self.cached_hits += 1  # already in flight: success without a request (and without a limit check)
                 evicted += 1
-                state["total"] += 1
                 continue
+            if state["total"] + state["in_flight_total"] + 1 > s.max_total:
+                state["limit_hit"] = True
+                return False
+            if sent + in_flight_here + 1 > s.max_per_node:
+                state["limit_hit"] = True
+                return True
             result.sent += 1
             answer = self.admit(pod, now)
             self.outcomes[answer.reason] += 1
@@ -237,6 +240,7 @@ class Descheduler:
                 passed_over = True
                 continue
             evicted += 1
+            sent += 1
             state["total"] += 1
             result.started += 1
             result.started_on[node] += 1

@@ -77,6 +77,30 @@ class RunData:
     evacuations_cancelled: int = 0
 
 
+def node_load(kv: KubeVirt, now: int, overhead: float) -> list[tuple[float, float, float, float]]:
+    """(CPU use, memory use, CPU pressure, memory pressure) per node at ``now``: the VMs where they run, and each
+    copying migration's extra load (``overhead`` cores on both ends, the guest's memory on the target)."""
+    n = len(kv.nodes)
+    cpu = [0.0] * n
+    mem = [0.0] * n
+    for vmi in kv.vmis:
+        vm = vmi.vm
+        i = vmi.node.index
+        cpu[i] += vm.vcpus * vm.cpu_load.value(now)
+        mem[i] += vm.memory * vm.memory_load.value(now)
+    for m in kv.running:
+        if m.source is not None and m.target is not None and m.copy_start is not None:
+            cpu[m.source.index] += overhead
+            cpu[m.target.index] += overhead
+            mem[m.target.index] += m.vmi.vm.memory * m.vmi.vm.memory_load.value(now)
+    dims = []
+    for node in kv.nodes:
+        cd = cpu[node.index] / node.cpu
+        md = mem[node.index] / node.memory
+        dims.append((min(1.0, cd), min(1.0, md), pressure(cd), pressure(md)))
+    return dims
+
+
 def initial_placement(nodes: list[Node], vms: list[VM], rng: Random) -> list[int]:
     """Where the VMs start: the scheduler's least-allocated node (memory requests) for
     each VM, the VMs in a seeded random order so that load classes mix on nodes."""
@@ -96,8 +120,11 @@ def initial_placement(nodes: list[Node], vms: list[VM], rng: Random) -> list[int
 
 
 class Simulation:
+    """``draw`` > 0 re-seeds the streams of chance that are not the workload (the descheduler's candidate order,
+    KubeVirt's failures and target ties): the same cluster and load, another roll of the dice."""
+
     def __init__(self, scenario: Scenario, mode: str, hours: float | None = None,
-                 guard_overrides: dict | None = None) -> None:
+                 guard_overrides: dict | None = None, draw: int = 0) -> None:
         self.sc = scenario
         spec = parse_mode(mode)
         self.duration = int((hours if hours is not None else scenario.hours) * 3600)
@@ -112,7 +139,8 @@ class Simulation:
         self.now = 0
         self.store = ClusterStore()
         placement = scenario.placement or initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
-        self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{seed}:kubevirt"),
+        chance = f"{seed}" if draw == 0 else f"{seed}:draw{draw}"
+        self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{chance}:kubevirt"),
                            self._kubevirt_schedule)
         if scenario.history_hook is not None:
             scenario.history_hook(self.kv)
@@ -129,7 +157,7 @@ class Simulation:
         if spec.baseline.eviction_limit_node is not None:
             ds = dataclasses.replace(ds, eviction_limit_node=spec.baseline.eviction_limit_node)
         self.ds = ds
-        self.desched = Descheduler(ds, self.kv, self.mode.admit, self.mode.pre_filter, Random(f"{seed}:descheduler"))
+        self.desched = Descheduler(ds, self.kv, self.mode.admit, self.mode.pre_filter, Random(f"{chance}:descheduler"))
         self._cycle_generation = 0
         self.data = RunData(
             mode=mode, duration=self.duration, vm_count=len(self.vms), sample_interval=scenario.sample_interval,
@@ -187,28 +215,8 @@ class Simulation:
         for vm in self.vms:
             vm.cpu_load.tick(rng, now)
             vm.memory_load.tick(rng, now)
-        n = len(self.nodes)
-        cpu = [0.0] * n
-        mem = [0.0] * n
-        for vmi in self.kv.vmis:
-            vm = vmi.vm
-            i = vmi.node.index
-            cpu[i] += vm.vcpus * vm.cpu_load.value(now)
-            mem[i] += vm.memory * vm.memory_load.value(now)
-        overhead = self.sc.kubevirt.migration_cpu_overhead
-        for m in self.kv.running:
-            if m.source is not None and m.target is not None and m.copy_start is not None:
-                cpu[m.source.index] += overhead
-                cpu[m.target.index] += overhead
-                mem[m.target.index] += m.vmi.vm.memory * m.vmi.vm.memory_load.value(now)
-        dims = []
-        cpu_use = []
-        for node in self.nodes:
-            cd = cpu[node.index] / node.cpu
-            md = mem[node.index] / node.memory
-            cu, mu = min(1.0, cd), min(1.0, md)
-            cpu_use.append(cu)
-            dims.append((cu, mu, pressure(cd), pressure(md)))
+        dims = node_load(self.kv, now, self.sc.kubevirt.migration_cpu_overhead)
+        cpu_use = [d[0] for d in dims]
         scores = node_scores(dims)
         self.desched.scores = dict(zip(self.data.node_names, scores))
         if self.mode.prometheus is not None:
@@ -332,5 +340,6 @@ def _pstdev(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
-def simulate(scenario: Scenario, mode: str, hours: float | None = None, guard_overrides: dict | None = None) -> RunData:
-    return Simulation(scenario, mode, hours, guard_overrides).run()
+def simulate(scenario: Scenario, mode: str, hours: float | None = None, guard_overrides: dict | None = None,
+             draw: int = 0) -> RunData:
+    return Simulation(scenario, mode, hours, guard_overrides, draw).run()

@@ -118,9 +118,10 @@ class KubeObjects:
 
     def launcher_pod(self, namespace: str, vmi: dict | None, node: str, *, name: str | None = None,
                      vmi_name: str | None = None, job_uid: str | None = None, annotations: dict | None = None,
-                     ready: bool = True, launcher: bool = True, phase: str = "Running") -> dict:
+                     ready: bool = True, launcher: bool = True, phase: str = "Running",
+                     requests: dict | None = None) -> dict:
         """A virt-launcher pod bound to ``node`` and owned by ``vmi`` (as virt-controller creates it), Running and
-        Ready as a kubelet would report it."""
+        Ready as a kubelet would report it; ``requests`` of its compute container (default 100m, 2Gi)."""
         vname = vmi_name or (vmi["metadata"]["name"] if vmi else "none")
         labels = {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": vname} if launcher else {"app": "web"}
         if vmi:
@@ -139,7 +140,8 @@ class KubeObjects:
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
                 "spec": {"nodeName": node, "terminationGracePeriodSeconds": 30,
                          "containers": [{"name": "compute", "image": LAUNCHER_IMAGE,
-                                         "resources": {"requests": {"cpu": "100m", "memory": "2Gi"}}}]}}
+                                         "resources": {"requests": requests or {"cpu": "100m",
+                                                                                "memory": "2Gi"}}}]}}
         self.core.create_namespaced_pod(namespace, body)
         status = {"phase": phase, "hostIP": "10.0.0.1", "podIP": "10.128.0.10", "startTime": rfc3339(30),
                   "conditions": [{"type": "Ready", "status": "True" if ready else "False",

@@ -1,0 +1,181 @@
+"""``python -m tests.e2e.outcome``: the outcome run (``make e2e-outcome``).
+
+The real descheduler without the guard, with the guard, and with ``evictionLimits.node: 1``, each on its own real
+control plane (``run.py``), then the simulator's ``upstream``, ``upstream+guard`` and ``node-limit-1`` on the same
+scenario (same nodes, VMs, placement, load, interval, failure mix, compression), with the same figures. Writes
+``build/e2e/outcome.json`` (issue 19's "outcome" block, which ``make e2e`` copies into ``summary.json``) and, with
+``--docs``, the side-by-side table into docs/simulator.md between its ``e2e-outcome`` markers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import shlex
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from app.sim.engine import simulate
+from app.sim.metrics import summarize
+from app.sim.scenario import ScenarioError, load_scenario
+from tests.e2e.controlplane import ROOT, missing_binaries
+from tests.e2e.outcome.figures import KEYS, differs, model_figures
+from tests.e2e.outcome.run import MODEL_MODES, REAL_MODES, ModeRun, run_mode
+
+SCENARIO = Path(__file__).with_name("scenario.yaml")
+DRAWS = 30
+OUTCOME = ROOT / "build" / "e2e" / "outcome.json"
+BEGIN, END = "<!-- e2e-outcome:begin -->", "<!-- e2e-outcome:end -->"
+LABELS = {
+    "evictions_requested": "evictions the descheduler sent",
+    "evictions_background": "... answered as running in the background",
+    "evictions_refused": "... refused (the descheduler's error)",
+    "migrations": "migrations started (failed ones included)",
+    "max_leaving_per_node": "most VMs leaving one node at once",
+    "evictions_during_migration": "evictions reaching KubeVirt for a migrating or marked VM",
+    "cooldown_violations": "evacuations inside the plugin's cooldown",
+}
+
+
+def model_run(scenario, mode: str, duration: float, draws: int = DRAWS) -> dict:
+    """The simulator's figures for ``mode``: the mean over ``draws`` rolls of its dice on the scenario's workload
+    (candidate order, failures), with the range; the real run is one such roll."""
+    runs = []
+    for draw in range(draws):
+        d = simulate(scenario, mode, hours=duration / 3600, draw=draw)
+        runs.append(model_figures(summarize(d), [dataclasses.asdict(r) for r in d.runs], scenario.plugin))
+    out: dict = {k: round(sum(r[k] for r in runs) / draws, 2) for k in runs[0]}
+    out["range"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in KEYS}
+    out["draws"] = draws
+    return out
+
+
+def outcome(scenario_path: Path, duration: float, workdir: Path, modes: list[str], form: str,
+            parallel: bool = True) -> dict:
+    """Every mode on its own control plane; ``parallel``: at the same time (they use little CPU: the run is
+    real time, mostly waiting)."""
+    scenario = load_scenario(scenario_path)
+
+    def one(name: str) -> ModeRun:
+        print(f"outcome: mode {name}, {duration:.0f} s ...", flush=True)
+        r = run_mode(name, scenario, scenario_path, workdir / name.replace("+", "-"), duration)
+        print(f"outcome: mode {name} done in {r.wall_seconds:.0f} s: {r.figures}", flush=True)
+        return r
+
+    with ThreadPoolExecutor(max_workers=len(modes) if parallel else 1) as pool:
+        real = dict(zip(modes, pool.map(one, modes)))
+    model = {MODEL_MODES[name]: model_run(scenario, MODEL_MODES[name], duration) for name in modes}
+    return {
+        "form": form, "scenario": scenario.name, "seed": scenario.seed,
+        "duration_s": duration, "interval_s": scenario.descheduler.interval,
+        "modes": {name: r.figures for name, r in real.items()},
+        "model": model,
+        "descheduler_counted": {name: r.descheduler_counted for name, r in real.items()},
+        "guard_decisions": {name: r.guard_reasons for name, r in real.items() if r.guard_reasons},
+        "score_check": {name: r.score_check for name, r in real.items()},
+        "notes": {name: r.notes for name, r in real.items() if r.notes},
+        "descheduler_cycles": {name: r.cycles for name, r in real.items()},
+        "cycle_check": {name: r.cycle_check for name, r in real.items()},
+        "wall_seconds": {name: round(r.wall_seconds, 1) for name, r in real.items()},
+        "differences": {name: {k: "outside the model's range" if not (model[MODEL_MODES[name]]["range"][k][0]
+                                                                       <= r.figures[k]
+                                                                       <= model[MODEL_MODES[name]]["range"][k][1])
+                               else "over 15% from the model's mean"
+                               for k in KEYS if differs(r.figures[k], model[MODEL_MODES[name]][k])
+                               or not (model[MODEL_MODES[name]]["range"][k][0] <= r.figures[k]
+                                       <= model[MODEL_MODES[name]]["range"][k][1])}
+                        for name, r in real.items()},
+    }
+
+
+def table(result: dict) -> str:
+    modes = list(result["modes"])
+    head = "| | " + " | ".join(f"real `{m}` | model `{MODEL_MODES[m]}`" for m in modes) + " |"
+    rule = "|---|" + "---:|---:|" * len(modes)
+    rows = [head, rule]
+    for key in KEYS:
+        cells = []
+        for m in modes:
+            real, model = result["modes"][m][key], result["model"][MODEL_MODES[m]]
+            lo, hi = model["range"][key]
+            flags = ("*" if differs(real, model[key]) else "") + ("†" if not lo <= real <= hi else "")
+            cells += [f"{real:g}", f"{model[key]:g} ({lo:g}–{hi:g}){' ' + flags if flags else ''}"]
+        rows.append(f"| {LABELS[key]} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def docs_section(result: dict, command: str) -> str:
+    return "\n".join([
+        BEGIN,
+        f"Generated by `{command}` ({result['scenario']}, seed {result['seed']}, {result['duration_s']:.0f} s of real "
+        f"time per mode, the descheduler every {result['interval_s']} s). Model: mean (min–max) over "
+        f"{next(iter(result['model'].values()))['draws']} rolls of its dice on the same workload. * the real figure "
+        "is more than 15% (and more than 1) away from the model's mean; † it is outside the model's range.",
+        "",
+        table(result),
+        "",
+        "Cycle by cycle: " + "; ".join(
+            f"`{m}` {c['consistent']} of {c['node_visits']} visits of an overutilised node in {c['cycles']} cycles"
+            for m, c in result["cycle_check"].items())
+        + " started, skipped and stopped exactly as the simulator's descheduler would have in the same state "
+        "(limits, in-flight entries; `tests/e2e/outcome/cycles.py`).",
+        "",
+        END,
+    ])
+
+
+def update_docs(path: Path, section: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+    if not pattern.search(text):
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} markers")
+    path.write_text(pattern.sub(lambda _: section, text), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.e2e.outcome", description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", type=Path, default=SCENARIO, help="scenario YAML (default: the e2e outcome's)")
+    p.add_argument("--duration", type=float, help="seconds of real time per mode (default: the scenario's hours)")
+    p.add_argument("--modes", default=",".join(REAL_MODES), help=f"comma-separated, of {','.join(REAL_MODES)}")
+    p.add_argument("--out", type=Path, default=OUTCOME, help="where outcome.json goes")
+    p.add_argument("--docs", type=Path, help="write the side-by-side table into this file between its markers")
+    p.add_argument("--workdir", type=Path, help="keep the runs' files here (default: a temporary folder)")
+    p.add_argument("--sequential", action="store_true", help="one mode after the other (default: side by side)")
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in REAL_MODES]
+    if bad or not modes:
+        p.error(f"--modes: unknown {bad or 'none'}; expected {', '.join(REAL_MODES)}")
+    if args.duration is not None and args.duration < 60:
+        p.error("--duration: at least 60 seconds")
+    missing = missing_binaries()
+    if missing:
+        print(f"outcome: e2e binaries missing: {', '.join(missing)}; build them with `make e2e-bin`", file=sys.stderr)
+        return 2
+    try:
+        duration = args.duration or load_scenario(args.scenario).duration
+    except ScenarioError as e:
+        print(f"outcome: {e}", file=sys.stderr)
+        return 2
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kveg-outcome-"))
+    t0 = time.monotonic()
+    result = outcome(args.scenario, duration, workdir, modes, "full" if args.duration is None else "custom",
+                     parallel=not args.sequential)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    print(f"wrote {args.out} ({time.monotonic() - t0:.0f} s; runs' files in {workdir})")
+    if args.docs:
+        command = "make e2e-outcome" if args.duration is None else "python -m tests.e2e.outcome " + " ".join(
+            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        update_docs(args.docs, docs_section(result, command))
+        print(f"updated {args.docs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

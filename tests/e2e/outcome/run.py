@@ -1,0 +1,203 @@
+"""One mode of the outcome run: a fresh control plane, the actor, Prometheus, the real descheduler, and the guard or
+not; then the figures (``figures.py``) from the audit log, the actor's record and the descheduler's own counters.
+
+Each mode starts from the same state (the scenario's placement and load, seeded), on its own API server and etcd,
+so nothing of one mode leaks into the other. The descheduler starts ``firstRun`` seconds into the run (the
+simulator's first cycle) and is stopped a moment before the actor ends, so that no eviction arrives while the
+admitter is shutting down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.sim.guards import parse_mode
+from app.sim.scenario import Scenario
+from tests.e2e.controlplane import ROOT, ControlPlane, free_port
+from tests.e2e.guard import GuardProcess, install_chart
+from tests.e2e.outcome.cycles import check as check_cycles
+from tests.e2e.outcome.cycles import parse as parse_cycles
+from tests.e2e.outcome.descheduler import Descheduler, install_rbac
+from tests.e2e.outcome.figures import real_figures
+from tests.e2e.outcome.prometheus import SCORE, Prometheus
+
+
+@dataclass(frozen=True)
+class RealMode:
+    guard: bool  # the chart installed and the guard running
+    model: str  # the simulator's mode for the same set-up
+    node_limit: int | None = None  # evictionLimits.node instead of the scenario's
+
+
+def _guard_model_mode() -> str:
+    """The simulator's mode for the real guard run: the guard with no canceller at work (this control plane does not
+    serve KubeVirt's ``evacuate/cancel``). Simulators whose ``upstream+guard`` runs the canceller call that mode
+    ``upstream+guard-nocancel``."""
+    try:
+        return parse_mode("upstream+guard-nocancel").name
+    except ValueError:
+        return "upstream+guard"
+
+
+REAL_MODES = {
+    "descheduler": RealMode(guard=False, model="upstream"),
+    "descheduler+guard": RealMode(guard=True, model=_guard_model_mode()),
+    # the one-line alternative the guard is compared with: is the simulator's node-limit-1 the real one?
+    "descheduler-node-limit-1": RealMode(guard=False, model="node-limit-1", node_limit=1),
+}
+SHORT_MODES = ("descheduler", "descheduler+guard")  # make e2e's short form; make e2e-outcome runs them all
+MODEL_MODES = {name: m.model for name, m in REAL_MODES.items()}
+# The descheduler's cycles are put half a second after the model's (firstRun + k x interval + 0.5 s): KubeVirt's
+# events fall on whole seconds, and at equal times the simulator runs them before its descheduler's cycle, so a real
+# cycle must come after them, and before the next second's. It starts cycling about 0.25 s after it is started.
+CYCLE_OFFSET, START_SECONDS = 0.5, 0.25
+
+
+@dataclass
+class ModeRun:
+    name: str
+    figures: dict
+    descheduler_counted: dict  # descheduler_pods_evicted_total by result
+    guard_reasons: dict = field(default_factory=dict)  # the guard's decisions by reason (with the guard)
+    score_check: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    cycles: list[float] = field(default_factory=list)  # run times at which the descheduler's cycles began
+    cycle_check: dict = field(default_factory=dict)  # each cycle against the simulator's rules (cycles.py)
+    wall_seconds: float = 0.0
+
+
+def _forbidden(cp: ControlPlane, user: str) -> list[str]:
+    """The requests of ``user`` the authorizer refused (its identity lacks a rule)."""
+    return [f"{ev.get('verb')} {ev.get('requestURI')}" for ev in cp.audit_events(user)
+            if (ev.get("responseStatus") or {}).get("code") == 403]
+
+
+def _audit_answers(cp: ControlPlane, user: str) -> list[tuple[int, str]]:
+    out = []
+    for ev in cp.audit_events(user):
+        ref = ev.get("objectRef", {})
+        if ev.get("verb") == "create" and ref.get("resource") == "pods" and ref.get("subresource") == "eviction":
+            status = ev.get("responseStatus") or {}
+            out.append((int(status.get("code") or 0), status.get("message") or ""))
+    return out
+
+
+def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, duration: float) -> ModeRun:
+    t_start = time.monotonic()
+    mode = REAL_MODES[name]
+    settings = scenario.descheduler if mode.node_limit is None else dataclasses.replace(
+        scenario.descheduler, eviction_limit_node=mode.node_limit)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cp = ControlPlane(workdir / "control-plane").start()
+    procs: list = []
+    try:
+        cp.install_crds()
+        sa = install_rbac(cp)
+        guard = None
+        if mode.guard:
+            inst = install_chart(cp, workdir / "chart", values={"policy": dict(scenario.guard_raw)})
+            guard = GuardProcess(inst).start()
+            procs.append(guard)
+        cert, key = cp.ca.issue("virt-api", server=True)
+        (workdir / "admitter.crt").write_bytes(cert)
+        (workdir / "admitter.key").write_bytes(key)
+        actor_log = workdir / "actor.log"
+        actor = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.actor", "--scenario", str(scenario_path),
+             "--kubeconfig", str(cp.admin_kubeconfig), "--workdir", str(workdir), "--duration", str(duration),
+             "--cert", str(workdir / "admitter.crt"), "--key", str(workdir / "admitter.key"), "--ca", str(cp.ca_path)],
+            cwd=ROOT, stdout=actor_log.open("wb"), stderr=subprocess.STDOUT)
+        ready = _wait_ready(actor, workdir / "actor-ready.json", actor_log)
+        prom = Prometheus(workdir / "prometheus", free_port(), ready["exporter_port"])
+        procs.append(prom)
+        prom.wait_for_score(len(ready["nodes"]))
+        wall0 = ready["wall0"]
+        _sleep_until(wall0 + scenario.descheduler.first_run + CYCLE_OFFSET - START_SECONDS)
+        ds = Descheduler(cp, workdir / "descheduler", sa, prom.url, settings)
+        procs.append(ds)
+        score_check = _score_check(prom)
+        _sleep_until(wall0 + duration - 1.0)
+        if not ds.alive():
+            raise RuntimeError(f"the descheduler exited early:\n{ds.log.read_text()[-3000:]}")
+        counted = ds.evictions()
+        ds.stop()
+        cycles = ds.cycles(wall0)
+        cycle_check = check_cycles(parse_cycles(ds.log.read_text(errors="replace")), settings)
+        actor.wait(timeout=90)
+        if actor.returncode != 0:
+            raise RuntimeError(f"the actor exited {actor.returncode}:\n{actor_log.read_text()[-3000:]}")
+        result = json.loads((workdir / "actor-result.json").read_text())
+        guard_reasons = _guard_reasons(guard) if guard is not None else {}
+        user = f"system:serviceaccount:kube-system:{sa}"
+        figures = real_figures(_audit_answers(cp, user), result, scenario.plugin)
+        notes = []
+        early_or_late = [t for t in cycles if not 0 < (t - settings.first_run) % settings.interval < 1]
+        if early_or_late:
+            notes.append(f"{len(early_or_late)} of the descheduler's {len(cycles)} cycles began outside the second "
+                         f"after the model's (at {early_or_late[:3]} s): they saw another state than the model's")
+        forbidden = _forbidden(cp, user)
+        if forbidden:
+            notes.append(f"the descheduler's chart RBAC refused {len(forbidden)} of its requests: {forbidden[:3]}")
+        if result["write_failures"]:
+            failed = result["write_failures"]
+            notes.append(f"{len(failed)} of the actor's writes failed: {failed[:3]}")
+        if result["foreign_annotations"]:
+            notes.append(f"eviction-in-progress found on {len(result['foreign_annotations'])} pod(s) whose VMI was not "
+                         f"marked (removed again): {result['foreign_annotations'][:3]}")
+        return ModeRun(name, figures, counted, guard_reasons, score_check, notes, cycles, cycle_check,
+                       time.monotonic() - t_start)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        cp.stop()
+
+
+def _wait_ready(proc: subprocess.Popen, path: Path, log: Path, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the actor exited {proc.returncode} before it was ready:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"the actor was not ready in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return json.loads(path.read_text())
+
+
+def _sleep_until(wall: float) -> None:
+    left = wall - time.time()
+    if left > 0:
+        time.sleep(left)
+
+
+def _score_check(prom: Prometheus, tries: int = 5) -> dict:
+    """Prometheus's score beside the simulator's for the same sample, as the descheduler reads them (percent): the
+    two are read from the same scrape only between a sample and the next rule evaluation, so a few reads are tried
+    and the first where every node agrees within the truncation (1 point) is kept, else the last."""
+    checked: dict = {}
+    for _ in range(tries):
+        real = prom.query(SCORE)
+        model = prom.query("kubevirt_actor_node_model_score")
+        checked = {n: {"prometheus": int(real[n] * 100), "model": round(model.get(n, -1) * 100)} for n in sorted(real)}
+        if all(abs(v["prometheus"] - v["model"]) <= 1 for v in checked.values()):
+            break
+        time.sleep(0.7)
+    return checked
+
+
+def _guard_reasons(guard: GuardProcess) -> dict:
+    """The guard's decisions by ``decision:reason``, and its side effects by ``effect kind:outcome``."""
+    out: dict[str, float] = {}
+    for (name, labels), value in guard.metrics().items():
+        d = dict(labels)
+        if name == "kubevirt_eviction_guard_decisions_total":
+            out[f"{d.get('decision')}:{d.get('reason')}"] = value
+        elif name == "kubevirt_eviction_guard_side_effects_total" and value:
+            out[f"effect {d.get('kind')}:{d.get('outcome')}"] = value
+    return dict(sorted(out.items()))
