@@ -98,6 +98,10 @@ class Metrics:
         self.not_migratable_vms = Gauge(PREFIX + "not_migratable_vms",
                                         "VMs a descheduler eviction would shut down instead of moving (rule 7n)",
                                         registry=r)
+        # rule 8 read again before an allow (app/cluster/fresh.py): same | changed (refused after all) | failed
+        self.leaver_reads = Counter(PREFIX + "leaver_reads_total",
+                                    "Allows confirmed by reading the node's VMIs again, by result", ["result"],
+                                    registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
         # the HTTP bounds (app/admission/protocol.py); listener is webhook | metrics, reason is capacity |
         # tls_handshake | headers | request_timeout
@@ -110,6 +114,7 @@ class Metrics:
         self.decisions_by = Children(self.decisions)
         self.blocks_by = Children(self.blocks)
         self.bad_requests_by = Children(self.bad_requests)
+        self.leaver_reads_by = Children(self.leaver_reads)
         self.events_rate_limited_by = Children(self.events_rate_limited)
         self.side_effects_dropped_by = Children(self.side_effects_dropped)
 

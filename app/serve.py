@@ -128,7 +128,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
-            max_body_bytes=args.max_body_bytes, effects=effects,
+            max_body_bytes=args.max_body_bytes, effects=effects, fresh_view=leaver_read(args, cluster.store),
         )
     if not args.snapshot:
         raise UsageError("serve: give --snapshot FILE, or a cluster to watch (--kubeconfig FILE, or run in a pod)")
@@ -173,6 +173,14 @@ def effects_client(args: argparse.Namespace):
     from app.cluster.kube import api_client
 
     return api_client(args.kubeconfig, getattr(args, "kube_context", None), pool_size=2)
+
+
+def leaver_read(args: argparse.Namespace, store: ClusterView):
+    """Rule 8 read again before an allow (app/cluster/fresh.py), on its own small connection pool."""
+    from app.cluster.fresh import LeaverRead
+    from app.cluster.kube import api_client
+
+    return LeaverRead(api_client(args.kubeconfig, getattr(args, "kube_context", None), pool_size=4), store).view_of
 
 
 def cancel_interval(args: argparse.Namespace) -> float:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from inspect import isawaitable
 from typing import Any
 
 from fastapi import FastAPI
@@ -30,8 +31,9 @@ ADMISSION_PATHS = frozenset({"/mutate", "/validate"})
 JSON_HEADERS = [(b"content-type", b"application/json")]
 INTERNAL_ERROR = b'{"error":"internal error in the admission endpoint","code":500}'
 
-# (content type, body or None when over the limit, perf_counter at arrival) -> (status, JSON bytes)
-Answer = Callable[[str, "bytes | None", float], "tuple[int, bytes]"]
+# (content type, body or None when over the limit, perf_counter at arrival) -> (status, JSON bytes), or a coroutine
+# giving them when the answer must wait on something (the one answer that reads the API server)
+Answer = Callable[[str, "bytes | None", float], "tuple[int, bytes] | Awaitable[tuple[int, bytes]]"]
 
 
 class AdmissionEndpoint:
@@ -51,7 +53,8 @@ class AdmissionEndpoint:
         if body is False:  # the client went away; nobody to answer
             return
         try:
-            status, payload = self.answer(ctype, body, started)
+            answer = self.answer(ctype, body, started)
+            status, payload = await answer if isawaitable(answer) else answer
         except Exception:  # answer() fails open on policy errors; anything else is a bug: say so, in JSON
             log.exception("admission endpoint failed")
             status, payload = 500, INTERNAL_ERROR

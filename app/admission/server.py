@@ -5,10 +5,14 @@ which answers these routes ahead of FastAPI's request path), decodes it with
 ``review.decode``, asks ``policy.decide`` and returns the answer; everything else a decision
 causes (log line, metrics, Events, the annotation) goes to ``on_decision``,
 which must not block: side effects are queued, never run on the request path.
+
+One answer waits on the API server: an allow that rule 8 found room for is decided again over the node's VMIs
+read fresh (``fresh_view``; ``app.cluster.fresh`` says why), in a thread, so the event loop keeps serving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +53,9 @@ class GuardContext:
     # steering (rule 10): the latest Prometheus snapshot; None turns the rule off
     usage: Callable[[], UsageSnapshot | None] = lambda: None
     usage_source: Any = None  # app.metricsource.prometheus.PrometheusSource: started and stopped with the server
+    # rule 8 read again before an allow (blocking; None in snapshot mode): node -> the view with its VMIs fresh
+    fresh_view: Callable[[str], ClusterView] | None = None
+    fresh_view_timeout: float = 2.0
 
 
 def _json(status: int, payload: dict) -> Response:
@@ -64,8 +71,9 @@ def create_app(ctx: GuardContext) -> FastAPI:
         metrics.bad_requests_by(str(status)).inc()
         return status, rv.errored(status, message)
 
-    def admit(ctype: str, body: bytes | None, started: float) -> tuple[int, bytes]:
-        """The answer to one POST: (status, JSON body). ``body`` is None when it was over the limit."""
+    def admit(ctype: str, body: bytes | None, started: float):
+        """The answer to one POST: (status, JSON body), or a coroutine that gives it when the answer needs the
+        API server. ``body`` is None when it was over the limit."""
         if ctype.split(";", 1)[0].strip().lower() != JSON:
             return error(400, f"content type must be {JSON}, got {ctype or 'none'!r}")
         if body is None:
@@ -75,11 +83,35 @@ def create_app(ctx: GuardContext) -> FastAPI:
         except rv.BadReview as e:
             return error(e.status, e.message)
         now = ctx.clock()
+        decision = judge(review, ctx.view, now)
+        if decision.allowed and decision.budget_node and ctx.fresh_view is not None:
+            return confirmed(review, decision, now, started)
+        return finish(review, decision, started)
+
+    def judge(review: rv.Review, view: ClusterView, now: float) -> Decision:
         try:
-            decision = decide(review.eviction, ctx.view, now, ctx.settings, ctx.health(now), ctx.usage())
+            return decide(review.eviction, view, now, ctx.settings, ctx.health(now), ctx.usage())
         except Exception:  # a bug must not block evictions: fail open, loudly
             log.exception("policy failed; allowing", extra={"uid": review.uid})
-            decision = Decision(allowed=True, reason="internal_error", message="guard error; failing open")
+            return Decision(allowed=True, reason="internal_error", message="guard error; failing open")
+
+    async def confirmed(review: rv.Review, decision: Decision, now: float, started: float) -> tuple[int, bytes]:
+        """Rule 8 again over the node's VMIs as the API server has them now (a mark the watch has not brought yet)."""
+        node = decision.budget_node
+        try:
+            fresh = await asyncio.wait_for(asyncio.to_thread(ctx.fresh_view, node), ctx.fresh_view_timeout)  # type: ignore[arg-type]
+        except Exception as e:  # the store's answer stands: fail open, and say so
+            metrics.leaver_reads_by("failed").inc()
+            why = f"no answer within {ctx.fresh_view_timeout:g}s" if isinstance(e, TimeoutError) else f"{e}"[:200]
+            log.warning("could not read the VMIs of node %s again before allowing (%s); the cached answer stands",
+                        node, why or type(e).__name__, extra={"uid": review.uid})
+            return finish(review, decision, started)
+        again = judge(review, fresh, now)
+        changed = again.allowed != decision.allowed or again.reason != decision.reason
+        metrics.leaver_reads_by("changed" if changed else "same").inc()
+        return finish(review, again, started)
+
+    def finish(review: rv.Review, decision: Decision, started: float) -> tuple[int, bytes]:
         out = rv.respond(review, decision)
         metrics.decisions_by("allowed" if decision.allowed else "denied", decision.reason).inc()
         if decision.denied:

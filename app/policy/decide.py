@@ -119,7 +119,9 @@ def decide(
         return _deny(Reason.PREFER_NO_EVICTION, msg, dry, vmi, pod)
     # 8. the node already has VMs leaving (until each departure ends: stuck and waiting ones too)
     budget = settings.pending_evacuations_per_node
+    counted = ""  # the node whose leavers were counted and found under budget
     if budget > 0:
+        counted = pod.node
         leaving = others_leaving(pod.node, vmi, view)
         if len(leaving) >= budget:
             shown = [describe_leaver(key, view, pod.node, now, settings) for key in leaving[:MAX_NAMES]]
@@ -152,13 +154,13 @@ def decide(
     if usage is not None and descheduler:
         if not usage.usable(now):
             return _allow(Reason.METRICS_UNAVAILABLE, f"{_usage_problem(usage, now)}; failing open", dry, vmi, pod,
-                          cooldown=state)
+                          cooldown=state, budget_node=counted)
         ranking = steering_ranking(pod.node, vmi, view, now, settings, usage)
         mine = ranking.of(vmi.key) if ranking is not None else None
         if ranking is None or mine is None:
             what = "this VMI" if ranking is not None else f'node "{pod.node}" or a target node'
             return _allow(Reason.METRICS_UNAVAILABLE, f"no usage data for {what} in Prometheus; failing open", dry, vmi,
-                          pod, cooldown=state)
+                          pod, cooldown=state, budget_node=counted)
         best = ranking.best
         assert best is not None
         if best.gain < settings.steering_min_gain:
@@ -173,7 +175,7 @@ def decide(
             return _deny(Reason.BETTER_CANDIDATE, msg, dry, vmi, pod, cooldown=state, ranking=ranking)
     # 11. otherwise
     return _allow(Reason.ALLOWED, "no migration in flight, node not busy, not in cooldown", dry, vmi, pod, cooldown=state,
-                  ranking=ranking)
+                  ranking=ranking, budget_node=counted)
 
 
 # ---- rule judgements ---------------------------------------------------------
@@ -562,10 +564,11 @@ def _stale(health: CacheHealth, dry: bool, vmi: VMIRecord | None = None, pod: La
     return _allow(Reason.CACHE_STALE, msg, dry, vmi, pod)
 
 
-def _allow(reason: str, message: str, dry: bool, vmi=None, pod=None, cooldown=None, ranking=None) -> Decision:
+def _allow(reason: str, message: str, dry: bool, vmi=None, pod=None, cooldown=None, ranking=None,
+           budget_node: str = "") -> Decision:
     return Decision(
         allowed=True, reason=reason, message=message, vmi=vmi, pod=pod, node=pod.node if pod else "",
-        cooldown=cooldown, dry_run=dry, ranking=ranking,
+        cooldown=cooldown, dry_run=dry, ranking=ranking, budget_node=budget_node,
     )
 
 

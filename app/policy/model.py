@@ -96,6 +96,8 @@ class Decision:
     leaving: tuple[str, ...] = field(default=())  # rule 8: the other VMs leaving, "NS/NAME"
     ranking: object | None = None  # rule 10: steering.Ranking when computed
     dry_run: bool = False
+    # rule 8 counted this node's leavers and found room: an allow the server confirms with a fresh read
+    budget_node: str = ""
 
     @property
     def denied(self) -> bool:
