@@ -30,6 +30,7 @@ from app.config import build_settings, load_config_file
 from app.metrics import Metrics
 from app.tlsreload import ReloadMetrics
 from tests.fakeapi import FakeApiServer
+from tests.values import merge
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "kubevirt-eviction-guard"
@@ -55,14 +56,6 @@ MATRIX = list(itertools.product(CERT_MODES, WEBHOOK_TYPES))
 def chart():
     with helm.Chart.load(CHART) as c:
         yield c
-
-
-def merge(*parts: dict) -> dict:
-    out: dict = {}
-    for part in parts:
-        for k, v in part.items():
-            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def docs_of(rendered: dict[str, str]) -> list[dict]:

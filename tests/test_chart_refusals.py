@@ -22,7 +22,8 @@ import yaml
 from app.cli import build_parser
 from app.config import SettingsError, build_settings
 from tests.prometheus_support import PROMTOOL
-from tests.test_chart import CHART, FULLNAME, MONITORING, NS, RELEASE, merge, one, render
+from tests.test_chart import CHART, FULLNAME, MONITORING, NS, RELEASE, one, render
+from tests.values import merge
 
 WEBHOOK = f"{FULLNAME}.{NS}.svc"
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -49,6 +48,7 @@ from typing import Any, Protocol
 from app.domain.records import MigrationRecord, NodeRecord, VMIRecord
 from app.effects.events import COMPONENT, vmi_event
 from app.effects.kubeapi import EffectsApi, NotFound, PermanentApiError, TransientApiError
+from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
 from app.policy.cancel import evacuations_to_cancel
@@ -115,7 +115,9 @@ class CancelJob:
         return self.canceller.cancel(self.namespace, self.name)
 
 
-class StuckCanceller:
+class StuckCanceller(BackgroundLoop):
+    thread_name = "evacuation-canceller"
+
     def __init__(self, view: CancelView, api: EffectsApi, queue: EffectQueue, metrics: Metrics,
                  settings: PolicySettings, *, clock: Callable[[], float] = time.time,
                  ready: Callable[[], bool] = lambda: True, interval: float = DEFAULT_INTERVAL,
@@ -128,8 +130,7 @@ class StuckCanceller:
         self.state = UNKNOWN if probed else ENABLED
         self._next_probe = float("-inf") if probed else float("inf")
         metrics.set_canceller(self.state)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def check(self) -> str:
         """Ask again whether evacuate/cancel can be used, when due; returns the state."""
@@ -180,16 +181,6 @@ class StuckCanceller:
             log.warning("could not write the EvacuationCancelled Event", extra={"namespace": namespace, "vmi": name,
                                                                                  "error": str(e)})
         return "applied"
-
-    def start(self) -> StuckCanceller:
-        self._thread = threading.Thread(target=self._run, name="evacuation-canceller", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def _run(self) -> None:
         try:

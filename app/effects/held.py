@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 from app.domain.records import KubeVirtRecord, LauncherPod, MigrationRecord, NodeRecord, VMIRecord
 from app.effects.events import COMPONENT, vmi_event
 from app.effects.kubeapi import EffectsApi, NotFound
+from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
 from app.policy.decide import HeldNode, Leaver, fix_for, held_node, is_migration_target, is_vm_pod, not_migratable
@@ -81,7 +81,9 @@ class HeldEventJob:
         return "applied"
 
 
-class HeldNodeWatch:
+class HeldNodeWatch(BackgroundLoop):
+    thread_name = "held-nodes"
+
     def __init__(self, view: HeldView, api: EffectsApi, queue: EffectQueue, metrics: Metrics, settings: PolicySettings,
                  *, clock: Callable[[], float] = time.time, ready: Callable[[], bool] = lambda: True,
                  interval: float = DEFAULT_INTERVAL, repeat: float = DEFAULT_REPEAT, instance: str = "") -> None:
@@ -90,8 +92,7 @@ class HeldNodeWatch:
         self.instance = instance or os.environ.get("HOSTNAME", "") or COMPONENT
         self._told: dict[tuple[str, str, str], float] = {}  # (namespace, vmi, node) -> when its last Event was queued
         self.scans = 0  # finished scans: a test waits for this instead of sleeping
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def held(self) -> list[HeldNode]:
         now = self.clock()
@@ -140,16 +141,6 @@ class HeldNodeWatch:
             pinned += bool(pod.pinned_to)
             unmovable += not_migratable(vmi, kubevirt) is not None
         return pinned, unmovable
-
-    def start(self) -> HeldNodeWatch:
-        self._thread = threading.Thread(target=self._run, name="held-nodes", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -49,6 +49,7 @@ from app.domain.kinds import VMI, VMIM
 from app.domain.records import MigrationRecord, VMIRecord, vmi_from_object
 from app.effects.annotate import _pointer
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
+from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue, Retry
 from app.policy.cooldown import relevant_migrations, vm_settings
 from app.policy.model import PolicySettings
@@ -175,9 +176,11 @@ class HistoryJob:
         return APPLIED
 
 
-class HistoryRecorder:
+class HistoryRecorder(BackgroundLoop):
     """Queues ``HistoryJob``s when the store shows a newly finished migration, and reconciles
     every VMI after each (re)list and every ``interval`` seconds."""
+
+    thread_name = "history-reconcile"
 
     def __init__(self, view: HistoryView, api: EffectsApi, queue: EffectQueue, settings: PolicySettings, *,
                  clock: Callable[[], float] = time.time, ready: Callable[[], bool] = lambda: True,
@@ -187,8 +190,7 @@ class HistoryRecorder:
         self.passes = passes
         self.clock, self.ready, self.interval = clock, ready, interval
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def submit(self, namespace: str, name: str) -> bool:
         return self.queue.submit(HistoryJob(self.view, self.api, namespace, name, self.settings, self.clock))
@@ -226,16 +228,8 @@ class HistoryRecorder:
                 queued += 1
         return queued
 
-    def start(self) -> HistoryRecorder:
-        self._thread = threading.Thread(target=self._run, name="history-reconcile", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+    def _wake_up(self) -> None:
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -33,6 +33,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.controlplane import ROOT, ControlPlane, free_port
+from tests.values import merge
 
 CHART = ROOT / "charts" / "kubevirt-eviction-guard"
 CHART_NAME = "kubevirt-eviction-guard"
@@ -43,15 +44,6 @@ TLS_SECRET = "guard-serving-cert"
 POD_TLS_DIR = "/etc/kubevirt-eviction-guard/tls"
 POD_CONFIG = "/etc/kubevirt-eviction-guard/config/config.yaml"
 POD_SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-
-
-def merge(*parts: dict) -> dict:
-    """Deep merge of values dicts (later wins), as Helm merges ``-f`` files."""
-    out: dict = {}
-    for part in parts:
-        for k, v in part.items():
-            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def fullname(release: str, values: dict) -> str:
