@@ -155,7 +155,7 @@ def replicas_section(r: dict) -> str:
 def update(doc: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
     current = doc.read_text(encoding="utf-8")
     if begin not in current or end not in current:
-        raise SystemExit(f"bench.doc: {doc} has no {begin} ... {end} markers; refusing to write into it")
+        raise SystemExit(f"{doc} has no {begin} ... {end} markers; refusing to write into it")
     head, rest = current.split(begin, 1)
     _, tail = rest.split(end, 1)
     doc.write_text(head + text + tail, encoding="utf-8")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import shlex
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from app.sim.engine import simulate
 from app.sim.metrics import summarize
 from app.sim.scenario import ScenarioError, load_scenario
+from bench.doc import update
 from tests.e2e.controlplane import ROOT, missing_binaries
 from tests.e2e.outcome.figures import KEYS, differs, model_figures
 from tests.e2e.outcome.run import MODEL_MODES, REAL_MODES, ModeRun, run_mode
@@ -128,14 +128,6 @@ def docs_section(result: dict, command: str) -> str:
     ])
 
 
-def update_docs(path: Path, section: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
-    if not pattern.search(text):
-        raise SystemExit(f"{path}: no {BEGIN} ... {END} markers")
-    path.write_text(pattern.sub(lambda _: section, text), encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.e2e.outcome", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", type=Path, default=SCENARIO, help="scenario YAML (default: the e2e outcome's)")
@@ -172,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs:
         command = "make e2e-outcome" if args.duration is None else "python -m tests.e2e.outcome " + " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-        update_docs(args.docs, docs_section(result, command))
+        update(args.docs, docs_section(result, command), BEGIN, END)
         print(f"updated {args.docs}")
     return 0
 
