@@ -17,7 +17,7 @@ from app.domain.records import (
     pod_from_object,
     vmi_from_object,
 )
-from app.policy import EvictionRequest, PolicySettings, decide
+from app.policy import EvictionAttempt, PolicySettings, decide
 from app.policy.decide import not_migratable, stuck_evacuation
 from app.timefmt import parse_timestamp
 from tests.builders import FIXTURES, node, pod
@@ -80,7 +80,7 @@ def test_a_backup_blocked_evacuation_is_waiting_never_stuck(tmp_path):
     rec = store.vmi("vms", "rhel9-db-02")
     assert stuck_evacuation(rec, store.migrations("vms", "rhel9-db-02"), store.node("worker-b"), NOW,
                             PolicySettings()) is None
-    req = EvictionRequest("CREATE", "pods", "eviction", "vms", "virt-launcher-rhel9-db-02-abcde",
+    req = EvictionAttempt("CREATE", "pods", "eviction", "vms", "virt-launcher-rhel9-db-02-abcde",
                           requested_by="sigs.k8s.io/descheduler")
     d = decide(req, store, NOW, PolicySettings())
     assert d.reason == "migration_in_progress" and "waiting: migrationBlockedByBackup" in d.message

@@ -12,7 +12,7 @@ import pytest
 
 from app.domain.usage import UsageSnapshot
 from app.domain.view import CacheHealth
-from app.policy import EvictionRequest, PolicySettings, decide
+from app.policy import EvictionAttempt, PolicySettings, decide
 from tests.builders import (
     MIN,
     NOW,
@@ -36,20 +36,20 @@ P = "virt-launcher-db-abcde"  # the pod evicted in most rows: VMI "db"
 BG = 'Evacuation in progress: Eviction triggered evacuation of VMI "vms/db"'
 
 
-def desched(name: str = P, **kw) -> EvictionRequest:
-    return EvictionRequest("CREATE", "pods", "eviction", "vms", name, username="system:serviceaccount:kube-system:descheduler-sa",
+def desched(name: str = P, **kw) -> EvictionAttempt:
+    return EvictionAttempt("CREATE", "pods", "eviction", "vms", name, username="system:serviceaccount:kube-system:descheduler-sa",
                            requested_by="sigs.k8s.io/descheduler", **kw)
 
 
-def user(name: str = P, username: str = "kubernetes-admin", **kw) -> EvictionRequest:
-    return EvictionRequest("CREATE", "pods", "eviction", "vms", name, username=username, **kw)
+def user(name: str = P, username: str = "kubernetes-admin", **kw) -> EvictionAttempt:
+    return EvictionAttempt("CREATE", "pods", "eviction", "vms", name, username=username, **kw)
 
 
 @dataclass
 class Row:
     id: str
     objects: list
-    req: EvictionRequest
+    req: EvictionAttempt
     allowed: bool
     reason: str
     text: str = ""
@@ -92,8 +92,8 @@ KV_NONE, KV_UNSET = kubevirt_cr("None"), kubevirt_cr()
 
 ROWS = [
     # 1. not a CREATE of pods/eviction
-    Row("1 delete of a pod", [DB, DB_POD], EvictionRequest("DELETE", "pods", "", "vms", P), True, "not_an_eviction"),
-    Row("1 create of pods/binding", [DB, DB_POD], EvictionRequest("CREATE", "pods", "binding", "vms", P), True, "not_an_eviction"),
+    Row("1 delete of a pod", [DB, DB_POD], EvictionAttempt("DELETE", "pods", "", "vms", P), True, "not_an_eviction"),
+    Row("1 create of pods/binding", [DB, DB_POD], EvictionAttempt("CREATE", "pods", "binding", "vms", P), True, "not_an_eviction"),
     # 2. state not synced / stale: fail open
     Row("2 not synced", [DB_RECENT, DB_POD], desched(), True, "cache_not_ready", "vmi",
         health=CacheHealth(not_synced=frozenset({"vmi"}))),

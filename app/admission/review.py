@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from app.policy.model import Decision, EvictionRequest, Reason
+from app.policy.model import Decision, EvictionAttempt, Reason
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 GUARD = "kubevirt-eviction-guard"
@@ -34,7 +34,7 @@ class Review:
 
     api_version: str
     uid: str
-    eviction: EvictionRequest
+    eviction: EvictionAttempt
 
 
 def _str(d: dict, key: str) -> str:
@@ -75,7 +75,7 @@ def decode(body: bytes) -> Review:
         or _has_all(_dict(req, "options").get("dryRun"))
         or _has_all(_dict(obj, "deleteOptions").get("dryRun"))
     )
-    eviction = EvictionRequest(
+    eviction = EvictionAttempt(
         operation=_str(req, "operation"),
         resource=_str(_dict(req, "resource"), "resource"),
         subresource=_str(req, "subResource"),

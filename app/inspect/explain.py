@@ -26,7 +26,7 @@ from app.policy.decide import (
     stuck_evacuation,
     target_cooldown,
 )
-from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
+from app.policy.model import DESCHEDULER_REQUESTER, EvictionAttempt, PolicySettings
 from app.policy.nodecool import NodeCooldown
 from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
 from app.timefmt import format_duration, format_timestamp
@@ -34,11 +34,11 @@ from app.timefmt import format_duration, format_timestamp
 EXIT_ALLOWED, EXIT_DENIED = 0, 1  # 2: usage or input error (app.cli)
 
 
-def requester_request(namespace: str, pod: str, requester: str) -> EvictionRequest:
+def requester_request(namespace: str, pod: str, requester: str) -> EvictionAttempt:
     if requester == "descheduler":
-        return EvictionRequest("CREATE", "pods", "eviction", namespace, pod, requested_by=DESCHEDULER_REQUESTER)
+        return EvictionAttempt("CREATE", "pods", "eviction", namespace, pod, requested_by=DESCHEDULER_REQUESTER)
     if requester.startswith("user:") and len(requester) > 5:
-        return EvictionRequest("CREATE", "pods", "eviction", namespace, pod, username=requester[5:])
+        return EvictionAttempt("CREATE", "pods", "eviction", namespace, pod, username=requester[5:])
     raise UsageError(f"--requester: expected 'descheduler' or 'user:NAME', got {requester!r}")
 
 
@@ -65,7 +65,7 @@ def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return EXIT_ALLOWED if model["allowed"] else EXIT_DENIED
 
 
-def explanation(req: EvictionRequest, store: ClusterStore, now: float, settings: PolicySettings,
+def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings: PolicySettings,
                 usage: UsageSnapshot | None = None) -> dict[str, Any]:
     """The decision (``allowed``, ``code``, ``reason``, ``message``) and the inputs it was made from."""
     d = decide(req, store, now, settings, usage=usage)

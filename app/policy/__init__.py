@@ -8,12 +8,12 @@ from app.policy.cooldown import (
     finished_migrations,
 )
 from app.policy.decide import decide
-from app.policy.model import Decision, EvictionRequest, PolicySettings, Reason
+from app.policy.model import Decision, EvictionAttempt, PolicySettings, Reason
 
 __all__ = [
     "CooldownState",
     "Decision",
-    "EvictionRequest",
+    "EvictionAttempt",
     "FinishedMigration",
     "PolicySettings",
     "Reason",

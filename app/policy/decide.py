@@ -32,7 +32,7 @@ from app.domain.records import (
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
-from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionRequest, PolicySettings, Reason
+from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionAttempt, PolicySettings, Reason
 from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
 from app.policy.steering import Ranking, rank
 from app.timefmt import format_duration
@@ -43,7 +43,7 @@ MAX_NAMES = 5
 
 
 def decide(
-    req: EvictionRequest,
+    req: EvictionAttempt,
     view: ClusterView,
     now: float,
     settings: PolicySettings,
@@ -268,12 +268,12 @@ def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
     return ""
 
 
-def is_descheduler(req: EvictionRequest, settings: PolicySettings) -> bool:
+def is_descheduler(req: EvictionAttempt, settings: PolicySettings) -> bool:
     """The eviction comes from the descheduler: its requested-by annotation, or a user in ``deschedulerUsers``."""
     return req.requested_by == DESCHEDULER_REQUESTER or req.username in settings.descheduler_users
 
 
-def in_scope(req: EvictionRequest, settings: PolicySettings) -> bool:
+def in_scope(req: EvictionAttempt, settings: PolicySettings) -> bool:
     """Cooldown and node budget apply to descheduler evictions (or to all, by setting)."""
     return settings.cooldown_scope == SCOPE_ALL or is_descheduler(req, settings)
 

@@ -65,8 +65,9 @@ class PolicySettings:
 
 
 @dataclass(slots=True, frozen=True)
-class EvictionRequest:
-    """What policy needs from an AdmissionReview request, already type-checked."""
+class EvictionAttempt:
+    """One pods/eviction admission request, as policy needs it, already type-checked (not the Kubernetes
+    lifecycle.k8s.io EvictionRequest kind: an attempt is one imperative eviction call)."""
 
     operation: str
     resource: str  # request.resource.resource

@@ -36,7 +36,7 @@ from app.effects.history import known_migrations, merge
 from app.policy import decide, effective_cooldown
 from app.policy.cancel import evacuations_to_cancel
 from app.policy.cooldown import vm_settings
-from app.policy.model import DESCHEDULER_REQUESTER, EvictionRequest, PolicySettings
+from app.policy.model import DESCHEDULER_REQUESTER, EvictionAttempt, PolicySettings
 from app.sim.kubevirt import EPOCH, NAMESPACE, Answer, KubeVirt, Migration, Pod
 from app.sim.options import MODES as DEFAULT_MODES
 
@@ -168,7 +168,7 @@ class GuardWebhook:
 
     def check(self, pod: Pod, now: int, client: str) -> Answer | None:
         from_descheduler = client == DESCHEDULER
-        req = EvictionRequest(
+        req = EvictionAttempt(
             operation="CREATE", resource="pods", subresource="eviction", namespace=NAMESPACE, name=pod.name,
             username=USERS[client], requested_by=DESCHEDULER_REQUESTER if from_descheduler else "",
             eviction_reason="triggered by KubeVirtRelieveAndMigrate/LowNodeUtilization" if from_descheduler else "",
