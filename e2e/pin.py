@@ -8,7 +8,7 @@ kube-openapi) cannot be built with `go install pkg@version`: replace directives 
 this module repeats them: each staging module at the matching v0.X.Y release, kube-openapi at the version
 k8s.io/kubernetes itself requires.
 
-Usage: python3 e2e/pin.py [--kubernetes v1.36.3] [--etcd v3.6.8] [--descheduler v0.36.0] [--helm v4.2.4]
+Usage: python3 e2e/pin.py [--kubernetes v1.36.3] [--etcd v3.6.8] [--descheduler v0.36.0] [--helm v4.2.4] [--helm3 v3.22.0]
 (needs the Go module proxy; the versions not given are kept from the current go.mod). sum.golang.org is not
 required: go.sum records what the proxy served, and every later build is checked against it (-mod=readonly).
 """
@@ -29,13 +29,19 @@ MODULES = {
     "etcd": "go.etcd.io/etcd/server/v3",
     "descheduler": "sigs.k8s.io/descheduler",
     "helm": "helm.sh/helm/v4",
+    "helm3": "helm.sh/helm/v3",
 }
 TOOLS = [
     "k8s.io/kubernetes/cmd/kube-apiserver",
     "k8s.io/kubernetes/cmd/kubectl",
+    "k8s.io/kubernetes/cmd/kubelet",
+    "k8s.io/kubernetes/cmd/kube-scheduler",
+    "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "k8s.io/kubernetes/cmd/kube-proxy",
     "go.etcd.io/etcd/server/v3",
     "sigs.k8s.io/descheduler/cmd/descheduler",
     "helm.sh/helm/v4/cmd/helm",
+    "helm.sh/helm/v3/cmd/helm",
 ]
 STAGING = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/\1\s*$", re.M)
 REQUIRE = re.compile(r"^\s*(\S+)\s+(v\S+)", re.M)
