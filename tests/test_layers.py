@@ -77,3 +77,33 @@ def test_leaf_utilities_import_nothing_from_the_application() -> None:
 def test_only_main_imports_the_command_line() -> None:
     users = {mod for mod, imps in MODULES.items() if any(_within(i, "app.cli") for i in imps)}
     assert users == {"app.__main__"}
+
+
+def cycles(graph: dict[str, set[str]], within: str) -> list[list[str]]:
+    """Import circles among the modules under ``within`` (lazy imports inside functions count too)."""
+    nodes = {m for m in graph if _within(m, within)}
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(mod: str, path: list[str]) -> None:
+        state[mod] = 1
+        for imp in sorted(graph[mod] & nodes):
+            if state.get(imp) == 1:
+                found.append(path[path.index(imp):] + [imp])
+            elif imp not in state:
+                visit(imp, path + [imp])
+        state[mod] = 2
+
+    for mod in sorted(nodes):
+        if mod not in state:
+            visit(mod, [mod])
+    return found
+
+
+def test_the_simulator_has_no_import_circle() -> None:
+    assert not cycles(MODULES, "app.sim")
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    graph = dict(MODULES, **{"app.sim.report": MODULES["app.sim.report"] | {"app.sim.guards"}})
+    assert ["app.sim.guards", "app.sim.options", "app.sim.report", "app.sim.guards"] in cycles(graph, "app.sim")

@@ -105,6 +105,12 @@ def parse_mode(name: str) -> ModeSpec:
     return ModeSpec(name, BASELINES[base], GUARD_VARIANTS[variant] if variant else None)
 
 
+def mode_description(mode: str) -> str:
+    spec = parse_mode(mode)
+    text = spec.baseline.description
+    return text + (f"; in front of KubeVirt: {spec.guard.description}" if spec.guard else "")
+
+
 class PluginModel:
     """KubevirtMigrationAware as filter and pre-eviction filter, from its description.
 

@@ -360,22 +360,15 @@ def update_readme(path: Path, section: str) -> None:
     path.write_text(pattern.sub(lambda _: section, text), encoding="utf-8")
 
 
-def mode_description(mode: str) -> str:
-    from app.sim.guards import parse_mode
-
-    spec = parse_mode(mode)
-    text = spec.baseline.description
-    return text + (f"; in front of KubeVirt: {spec.guard.description}" if spec.guard else "")
-
-
-def out_readme(summaries: list[dict], modes: list[str], command: str, files: dict[str, list[str]]) -> str:
-    """The output folder's README.md: how it was made, what each mode is, what each file holds, the
-    results and the model's simplifications (written here once, not printed on every run)."""
+def out_readme(summaries: list[dict], modes: dict[str, str], command: str, files: dict[str, list[str]]) -> str:
+    """The output folder's README.md: how it was made, what each mode is (``modes``: name -> description,
+    ``guards.mode_description``), what each file holds, the results and the model's simplifications (written here
+    once, not printed on every run)."""
     lines = ["# Simulator results", "", "Written by", "", f"    {command}", "",
              "Deterministic: the same command gives the same numbers.", "", "## The modes", "",
              "Every mode runs the same descheduler model on the same workload; only the protection layer in front "
              "of KubeVirt differs.", "", "| mode | what runs |", "|---|---|"]
-    lines += [f"| `{m}` | {mode_description(m)} |" for m in modes]
+    lines += [f"| `{m}` | {text} |" for m, text in modes.items()]
     lines += ["", "## The files", ""]
     kinds = {"summary.json": "every number per mode and seed (each metric a list, one value per seed)",
              "migrations-per-hour.png": "migrations started per hour, one panel per mode (first seed)",

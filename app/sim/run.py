@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from app.sim.engine import simulate
-from app.sim.guards import parse_mode
+from app.sim.guards import mode_description, parse_mode
 from app.sim.metrics import series, summarize
 from app.sim.options import MODES
 from app.sim.report import (
@@ -200,7 +200,7 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     command = command_line(args)
     if args.out:
         readme = Path(args.out) / "README.md"
-        readme.write_text(out_readme(summaries, modes, command, files), encoding="utf-8")
+        readme.write_text(out_readme(summaries, {m: mode_description(m) for m in modes}, command, files), encoding="utf-8")
         out.write(f"wrote {readme}: what each mode is, the files, and the model's simplifications\n")
     else:
         out.write("what each mode is and the model's simplifications: docs/simulator.md "
