@@ -163,7 +163,8 @@ def _serve_parser(sub) -> None:
     net.add_argument("--tls-reload-interval", type=_non_negative_float, default=5.0, metavar="SECONDS",
                      help="how often to look for a rotated certificate/key (default 5; 0: never reload)")
     net.add_argument("--metrics-port", type=port_or_off, default=0, metavar="PORT",
-                     help="also serve /metrics, /healthz, /readyz over plain HTTP on this port (default 0: off)")
+                     help="serve /metrics (then only here), /healthz and /readyz over plain HTTP on this port "
+                          "(default 0: off, /metrics on the HTTPS port)")
     bounds = serve.add_argument_group("bounds on clients (both ports)")
     bounds.add_argument("--max-body-bytes", type=positive_int, default=64 * 1024, metavar="N",
                         help="larger request bodies get 413 and the connection is closed (default 65536)")

@@ -259,7 +259,7 @@ def serve(args: argparse.Namespace) -> int:
     if cluster is None:
         freeze_state()
     config = uvicorn.Config(
-        create_app(ctx),
+        create_app(ctx, metrics_route=not args.metrics_port),  # with a metrics port, /metrics is there only
         host=args.host,
         port=args.port,
         loop="auto",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -83,17 +84,27 @@ def test_explain_and_report_run_as_written() -> None:
 
 
 def test_the_certs_command_of_mode_3_runs_as_written_and_refuses_to_overwrite(tmp_path) -> None:
-    (command,) = [c for c in commands(block_with("certificates.mode=secret")) if " certs " in c]
+    """Run where the README is read (any folder): it writes into its own temporary folder, nothing where it runs."""
+    lines = commands(block_with("certificates.mode=secret"))
+    assert "OUT=$(mktemp -d)" in lines
+    (command,) = [c for c in lines if " certs " in c]
     command = command.replace(VENV_CLI, str(ROOT / VENV_CLI) if cli() == VENV_CLI else cli())
-    r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    here, temp = tmp_path / "here", tmp_path / "tmp"
+    here.mkdir(), temp.mkdir()
+    script = f"OUT=$(mktemp -d)\n{command}\necho \"$OUT\""
+    r = subprocess.run(["bash", "-c", script], cwd=here, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TMPDIR": str(temp)})
     assert r.returncode == 0, r.stderr
-    ca = x509.load_pem_x509_certificate(base64.b64decode((tmp_path / "cabundle.b64").read_text()))
+    assert not list(here.iterdir())
+    out = Path(r.stdout.strip())
+    assert out.parent == temp
+    ca = x509.load_pem_x509_certificate(base64.b64decode((out / "cabundle.b64").read_text()))
     assert ca.subject.rfc4514_string() == "CN=guard-kubevirt-eviction-guard-ca"
-    key = (tmp_path / "guard-certs" / "tls.key").read_bytes()
-    r = subprocess.run(["bash", "-c", command.replace("> cabundle.b64", "> again.b64")], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=60)
+    key = (out / "guard-certs" / "tls.key").read_bytes()
+    again = f"OUT={out}\n" + command.replace('> "$OUT/cabundle.b64"', '> "$OUT/again.b64"')
+    r = subprocess.run(["bash", "-c", again], cwd=here, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--force replaces them" in r.stderr
-    assert (tmp_path / "guard-certs" / "tls.key").read_bytes() == key
+    assert (out / "guard-certs" / "tls.key").read_bytes() == key
 
 
 @pytest.mark.parametrize("needle", ["make run", "explain -n vms", "curl "])

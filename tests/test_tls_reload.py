@@ -187,6 +187,21 @@ def test_metrics_port_serves_only_metrics_and_probes(guard):
         assert answer.startswith("404 ") and "metrics port" in answer, answer  # admission never without TLS
 
 
+def test_with_a_metrics_port_the_https_port_serves_no_metrics(guard):
+    """The chart's NetworkPolicy admits anyone to the webhook port and only monitoring to the metrics port."""
+    _, first, port, *_ = guard
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(first.ca_pem), timeout=5)
+    try:
+        for path, status in (("/metrics", 404), ("/healthz", 200)):
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            assert resp.status == status, (path, resp.status, body[:200])
+            assert b"kubevirt_eviction_guard_" not in body
+    finally:
+        conn.close()
+
+
 def admit(conn: http.client.HTTPSConnection) -> int:
     conn.request("POST", "/mutate", body=REVIEW, headers={"Content-Type": "application/json"})
     resp = conn.getresponse()

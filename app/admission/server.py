@@ -1,4 +1,4 @@
-"""The FastAPI app: /mutate, /validate, /healthz, /readyz, /metrics.
+"""The FastAPI app: /mutate, /validate, /healthz, /readyz, and /metrics where asked for.
 
 ``admit`` takes the raw body (read, bounded, by ``asgi.AdmissionEndpoint``,
 which answers these routes ahead of FastAPI's request path), decodes it with
@@ -62,7 +62,10 @@ def _json(status: int, payload: dict) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
 
 
-def create_app(ctx: GuardContext) -> FastAPI:
+def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
+    """``metrics_route``: serve /metrics here. ``serve`` turns it off on the HTTPS port when there is a metrics
+    port: the chart's NetworkPolicy admits monitoring to the metrics port only and everyone to the webhook port, so
+    the metrics (nodes, namespaces, decisions) must not be one port away from everyone."""
     app = GuardApp(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.guard = ctx
     metrics = ctx.metrics
@@ -142,10 +145,11 @@ def create_app(ctx: GuardContext) -> FastAPI:
         detail = ctx.readiness_detail()
         return _json(503, {"ready": False, "notSynced": {k: detail.get(k, "not listed yet") for k in sorted(health.not_synced)}})
 
-    @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
-        body, ctype = metrics.render()
-        return Response(body, media_type=ctype)
+    if metrics_route:
+        @app.get("/metrics")
+        async def metrics_endpoint() -> Response:
+            body, ctype = metrics.render()
+            return Response(body, media_type=ctype)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> Response:
