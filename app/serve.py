@@ -252,10 +252,11 @@ def serve(args: argparse.Namespace) -> int:
     event_interval(args)
     if args.metrics_port and args.metrics_port == args.port:
         raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
+    cluster = None if args.snapshot else live_cluster(args, Metrics())
+    ctx = build_context(args, cluster)  # the rest of the flags, the snapshot, the kubeconfig: nothing started yet
+    # bound only once every flag is known good: a refusal never depends on whether the port is free
     sock = listen(args.host, args.port, BACKLOG)
     metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
-    cluster = None if args.snapshot else live_cluster(args, Metrics())
-    ctx = build_context(args, cluster)
     if cluster is None:
         freeze_state()
     config = uvicorn.Config(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -91,11 +92,15 @@ def test_certs(capsys, tmp_path) -> None:
 def test_bad_settings_stop_startup_naming_them(tmp_path, args, named) -> None:
     certs = tmp_path / "c"
     main(["--log-level", "warning", "certs", "--service", "g", "--namespace", "n", "--out", str(certs)])
-    r = subprocess.run([sys.executable, "-m", "app", "serve", "--port", "18443", "--tls-cert", str(certs / "tls.crt"),
-                        "--tls-key", str(certs / "tls.key"), "--snapshot", DEMO, *args],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    with socket.socket() as taken:  # something listens on the port: the flag is refused before binding
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        r = subprocess.run([sys.executable, "-m", "app", "serve", "--port", port, "--tls-cert", str(certs / "tls.crt"),
+                            "--tls-key", str(certs / "tls.key"), "--snapshot", DEMO, *args],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
-    assert named in r.stderr and "Traceback" not in r.stderr
+    assert named in r.stderr and "Traceback" not in r.stderr and "cannot listen" not in r.stderr
 
 
 def test_bad_snapshot_stops_startup(tmp_path) -> None:
