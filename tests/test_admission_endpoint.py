@@ -129,3 +129,34 @@ def test_an_unexpected_failure_is_a_json_500_not_a_crash() -> None:
     r = Recorder([{"type": "http.request", "body": b"{}", "more_body": False}])
     run(AdmissionEndpoint(broken, 100)(scope([]), r.receive, r.send))
     assert r.sent[0]["status"] == 500 and orjson.loads(r.sent[1]["body"])["code"] == 500
+
+
+class BrokenStore(ClusterStore):
+    """A bug inside the policy's reading of the state, as it would surface."""
+
+    def pod(self, namespace: str, name: str):
+        raise RuntimeError("a bug in the policy")
+
+
+def test_an_exception_inside_the_policy_fails_open_visibly(caplog) -> None:
+    """Fail open, with a reason, a log line and a metric: an eviction is never blocked (nor a 500) by a bug."""
+    seen = []
+    app = create_app(GuardContext(view=BrokenStore(), settings=PolicySettings(),
+                                  on_decision=lambda review, decision: seen.append(decision)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://guard") as c:
+            return [await c.post(path, content=PLAIN, headers=JSON) for path in ("/mutate", "/validate")]
+
+    with caplog.at_level("ERROR", logger="kubevirt_eviction_guard.admission"):
+        answers = run(go())
+    for r in answers:
+        assert r.status_code == 200
+        response = r.json()["response"]
+        assert response["allowed"] is True and response["auditAnnotations"]["reason"] == "internal_error", response
+        assert response["uid"] == orjson.loads(PLAIN)["request"]["uid"]
+    assert [d.reason for d in seen] == ["internal_error", "internal_error"] and all(d.allowed for d in seen)
+    assert sum("policy failed; allowing" in r.getMessage() for r in caplog.records) == 2
+    metrics = app.state.guard.metrics
+    assert metrics.registry.get_sample_value("kubevirt_eviction_guard_decisions_total",
+                                             {"decision": "allowed", "reason": "internal_error"}) == 2

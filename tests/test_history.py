@@ -56,6 +56,15 @@ def test_bad_entries_are_skipped_good_ones_kept() -> None:
     assert parse_history(raw) == (HistoryEntry("", None, NOW - 10 * MIN), HistoryEntry("b", None, NOW - 5 * MIN))
 
 
+@pytest.mark.parametrize("bad", [{"uid": "x"}, {"uid": "x", "end": None}, {"uid": "x", "end": "yesterday"},
+                                 {"uid": "x", "end": 1800000000}, {"uid": "x", "start": ts(20), "end": ""}])
+def test_an_entry_without_a_readable_end_is_skipped_beside_good_ones(bad) -> None:
+    """Only that entry goes: the good ones on either side of it still count (a history dropped whole would
+    shorten every cooldown the annotation carries)."""
+    raw = json.dumps([{"uid": "a", "start": None, "end": ts(30)}, bad, {"uid": "b", "start": None, "end": ts(10)}])
+    assert parse_history(raw) == (HistoryEntry("a", None, NOW - 30 * MIN), HistoryEntry("b", None, NOW - 10 * MIN))
+
+
 def test_projection_reads_the_annotation_and_ignores_garbage() -> None:
     good = vmi_from_object(vmi("db", "a", annotations=history_annotation(("m1", 20, 10))))
     assert good.history == (entry("m1", 20, 10),)

@@ -197,6 +197,23 @@ def test_410_gone_relists_and_carries_on(api, guard, as_http):
     eventually(lambda: watch.health().stale == frozenset(), what="every kind to be relisted")
 
 
+def test_between_a_410_and_the_completed_relist_decisions_on_that_kind_answer_cache_stale(api, guard):
+    """Events were lost: until the relist has completed, the old state of that kind is no ground for a decision.
+    The API server holds the relist back (10 s) so that the window can be looked at."""
+    seed(api, migrating=True)  # the old state denies: migration_in_progress
+    watch, http, metrics = guard()
+    assert watch.wait_synced(5)
+    assert reason(http) == "migration_in_progress"
+    api.set_latency(10.0, kind="vmi")  # the relist (and the watch after it) waits this long at the API server
+    api.compact(expire_watches=True)  # the open watches get an ERROR 410 event
+    eventually(lambda: restarts(metrics, "vmi", "expired") >= 1, timeout=8, what="the 410 on the VMI watch")
+    assert "vmi" in watch.health().stale
+    answer = decide(http)
+    assert answer["allowed"] is True and answer["auditAnnotations"]["reason"] == "cache_stale", answer
+    api.set_latency(0, kind="vmi")
+    eventually(lambda: reason(http) == "migration_in_progress", timeout=30, what="the relisted state to decide")
+
+
 def test_api_down_at_startup_then_up_flips_readiness(api, guard):
     seed(api)
     api.down()

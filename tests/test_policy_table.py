@@ -131,6 +131,9 @@ ROWS = [
         "migration_target", "a live migration to this pod is in flight"),
     Row("5 labelled with a finished VMIM: not a target", [DB, pod("db", "worker-a", job="m1"),
         vmim("m1", "db", "Succeeded", 600, mstate("m1", "worker-b", "worker-a", 599, 598))], desched(), True, "allowed"),
+    Row("5 labelled with the job of the VMI's own ended migration (its VMIM gone): not a target", [
+        vmi("db", "worker-a", migration=mstate("m1", "worker-b", "worker-a", 300, 290)), pod("db", "worker-a", job="m1")],
+        desched(), True, "allowed"),
     # 5a. a stuck descheduler-caused evacuation: plain 429 for the descheduler (no background text)
     Row("5a three failed descheduler attempts: stuck", [DB_MARKED, DB_POD, *failing_evacuation("db", "worker-a", 3)], desched(),
         False, "evacuation_stuck", 'the evacuation of VMI "vms/db" from node "worker-a" is stuck (3 failed attempts in 15m0s)'),

@@ -8,7 +8,7 @@ import pytest
 from app.domain.records import migration_from_object, pod_from_object, vmi_from_object
 from app.effects import Effects
 from app.effects.annotate import AnnotateJob, annotation_patch, wanted, why_not
-from app.effects.events import EVENT_REASON, EventRecorder, event_message
+from app.effects.events import ALLOWED_EVENT_REASON, CONFIRM_DELAYS, EVENT_REASON, EventRecorder, event_message
 from app.effects.kubeapi import Conflict, NotFound, TransientApiError
 from app.effects.queue import Backoff, EffectQueue, Retry
 from app.metrics import Metrics
@@ -325,3 +325,30 @@ def test_a_stuck_evacuation_denial_never_wants_the_annotation():
     store = store_of(node_obj("node-a"), marked, pod_obj(POD, "db", "node-a"), *failed)
     _, d = decided(store, POD, now=T0)
     assert d.reason == Reason.EVACUATION_STUCK and d.denied and not d.background and not wanted(d)
+
+
+def test_an_allowed_eviction_no_migration_follows_leaves_no_event_and_its_look_out_gives_up(caplog):
+    """A review for an eviction that never happened (anyone who reaches the port can send one): the look-out looks
+    at its intervals, gives up, writes nothing and leaves the VMI to a later eviction's own look-out."""
+    h = Harness()
+    h.store = store_of(node_obj("node-a"), vmi_obj("calm", "node-a"), pod_obj("virt-launcher-calm-x", "calm", "node-a"))
+    review, d = decided(h.store, "virt-launcher-calm-x")
+    assert d.allowed and d.reason == Reason.ALLOWED
+    h.rec.record_allowed(h.store, review, d)
+    with caplog.at_level(logging.INFO, logger="kubevirt_eviction_guard.effects"):
+        for delay in CONFIRM_DELAYS:  # one look at each interval, the last one gives up
+            assert len(h.queue) == 1
+            h.advance(delay)
+            h.drain()
+    assert len(h.queue) == 0 and h.api.calls == []
+    assert h.metrics.registry.get_sample_value("kubevirt_eviction_guard_side_effects_total",
+                                               {"kind": "event", "outcome": "unconfirmed"}) == 1
+    assert any("not followed by a migration" in r.getMessage() for r in caplog.records)
+    # a later allowed eviction has a look-out of its own; the migration it starts confirms it, and only it counts
+    h.rec.record_allowed(h.store, review, d)
+    assert len(h.queue) == 1
+    h.store.upsert(vmi_from_object(vmi_obj("calm", "node-a", evacuation="node-a")))
+    h.advance(CONFIRM_DELAYS[0])
+    h.drain()
+    [(op, _, _, ev)] = h.api.calls
+    assert (op, ev["reason"], ev["type"], ev["count"]) == ("create_event", ALLOWED_EVENT_REASON, "Normal", 1)
