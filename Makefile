@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs e2e e2e-bin e2e-outcome
+.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs e2e e2e-bin e2e-outcome figures
 
 setup: $(STAMP)
 
@@ -52,6 +52,7 @@ fuzz: $(STAMP)
 bench-watch: $(STAMP)
 	$(PY) bench/watch_bench.py
 	$(PY) -m bench.doc --watch bench/results/watch.json --doc docs/performance.md
+	$(PY) -m tools.figures stamp watch
 
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
@@ -70,6 +71,7 @@ $(SIM_STAMP): $(STAMP)
 simulate: $(SIM_STAMP)
 	$(PY) -m app simulate $(addprefix --scenario ,$(SCENARIOS)) --seeds $(SIM_SEEDS) --jobs 2 --out sim-out --force \
 	  --readme docs/simulator.md
+	$(PY) -m tools.figures stamp simulate
 
 # Pins with hashes for the container image (the Dockerfile installs with --require-hashes): the runtime
 # dependencies in constraints.txt, the build backend in build-constraints.txt, both at the versions of the working
@@ -93,6 +95,7 @@ reliability: $(STAMP)
 	  tests/effects/test_forged_reviews.py tests/test_hostile_clients.py
 	$(PY) -m bench.doc --reliability build/reliability --doc docs/reliability.md
 	$(PY) -m bench.attacks --before $(RELIABILITY_BEFORE) --out build/reliability/attacks.json --doc docs/reliability.md
+	$(PY) -m tools.figures stamp faults replicas attacks
 
 # Performance: the guard next to a plain FastAPI route served by plain uvicorn (bench/plain.py, bench/run.py).
 # wrk (Debian) drives the saturation runs when it can be installed; else the Python generator does.
@@ -112,6 +115,7 @@ bench: $(BENCH_STAMP)
 # Write the newest three `make bench` results into docs/performance.md (between its bench markers).
 bench-doc: $(STAMP)
 	$(PY) -m bench.doc $$(ls -1 bench/results/bench-*.json | tail -n 3) --doc docs/performance.md
+	$(PY) -m tools.figures stamp bench
 
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
 # into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,
@@ -131,3 +135,13 @@ e2e: $(STAMP) e2e-bin
 # prometheus. `make e2e` runs a 90 s form of it.
 e2e-outcome: $(STAMP) e2e-bin
 	$(PY) -m tests.e2e.outcome --docs docs/simulator.md
+	$(PY) -m tools.figures stamp e2e-outcome
+
+# Every generated figure in the docs, regenerated on this machine (hours: the simulator's candidate comparison alone
+# takes about 15 minutes, the outcome run 13); each step stamps its section with the commit, the date, the machine
+# and the hash of its inputs (tools/figures.py; make test fails on a section whose inputs changed since, unless it
+# says it is older than the code).
+figures: $(BENCH_STAMP) $(SIM_STAMP)
+	for i in 1 2 3; do $(MAKE) bench || exit 1; done
+	$(MAKE) bench-doc bench-watch reliability simulate e2e-outcome
+	PY=$(PY) sh bench/sim_candidates.sh build/sim-candidates docs/simulator.md

@@ -18,4 +18,5 @@ CMD="simulate$SCENARIOS --seeds $SEEDS --modes $MODES --jobs 2 --out $OUT --form
 # shellcheck disable=SC2086
 nice "$PY" -m app $CMD > "$OUT.log"
 "$PY" -m bench.sim_candidates --dir "$OUT" --readme "$README" --command "kubevirt-eviction-guard $CMD" > "$OUT.md"
+if [ "$README" = docs/simulator.md ]; then "$PY" -m tools.figures stamp candidates; fi
 echo "wrote $OUT/, $OUT.md and the table in $README"
