@@ -70,7 +70,7 @@ def test_the_notes_verification_step_sends_a_descheduler_dry_run_eviction(tmp_pa
     end = notes.index("-f -\n", start) + len("-f -")
     url, body = run_step(tmp_path, textwrap.dedent(notes[start:end]), env="NS=vms; VM=db")
     check_step(url, body, "vms")
-    assert "virtctl migrate" in notes and "migration cooldown" in notes
+    assert "virtctl -n $NS migrate $VM" in notes and "migration cooldown" in notes
     assert "drain" not in notes  # a drain meets only the rules for everyone: it shows nothing of the guard
 
 
