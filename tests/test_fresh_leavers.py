@@ -89,6 +89,17 @@ def test_a_mark_the_watch_has_not_brought_refuses_the_second_vm(api) -> None:
     assert reads(metrics) == {"changed": 1.0}
 
 
+def test_a_mark_on_the_evicted_vm_itself_is_read_too(api) -> None:
+    """Another eviction of the same VM (a drain, a second descheduler) had KubeVirt mark it: the answer is the
+    background text of a VM already leaving, from the VMI as the API server has it, not as the watch had it."""
+    api.update_status("virtualmachineinstances", "vms", "b", {"phase": "Running", "nodeName": NODE,
+                                                               "evacuationNodeName": NODE})
+    metrics = Metrics()
+    resp = evict(guard(api, metrics), "virt-launcher-b-abcde")
+    assert resp["allowed"] is False and resp["auditAnnotations"]["reason"] == Reason.EVACUATION_PENDING, resp
+    assert reads(metrics) == {"changed": 1.0}
+
+
 def test_nothing_new_on_the_api_server_keeps_the_allow(api) -> None:
     metrics = Metrics()
     resp = evict(guard(api, metrics), "virt-launcher-b-abcde")
