@@ -94,7 +94,9 @@ def restarts(metrics: Metrics, kind: str, cause: str) -> float:
 
 def test_lists_in_pages_then_an_update_reaches_a_decision_through_the_open_watch(api, guard):
     seed(api)
-    watch, http, metrics = guard()
+    # watches that do not end by themselves during the test: any new watch or list would be the guard's doing
+    watch, http, metrics = guard(options=LoopOptions(page_size=2, watch_timeout=600, idle_timeout=5, backoff_base=0.05,
+                                                     backoff_cap=0.3, quick_end=0.05))
     assert watch.wait_synced(5)
     assert http.get("/readyz").status_code == 200
     assert reason(http) == "allowed"
