@@ -160,3 +160,32 @@ def test_an_exception_inside_the_policy_fails_open_visibly(caplog) -> None:
     metrics = app.state.guard.metrics
     assert metrics.registry.get_sample_value("kubevirt_eviction_guard_decisions_total",
                                              {"decision": "allowed", "reason": "internal_error"}) == 2
+
+
+def sent_without_length(endpoint: AdmissionEndpoint, chunks: list[bytes]) -> int:
+    """The status ``endpoint`` answers a body sent in ``chunks`` without a Content-Length header (chunked)."""
+    scope = {"type": "http", "method": "POST", "path": "/validate", "headers": [(b"content-type", b"application/json")]}
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent: list[dict] = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(endpoint(scope, receive, send))
+    return sent[0]["status"]
+
+
+@pytest.mark.parametrize("split", [1, 3], ids=["one message", "three chunks"])
+def test_a_body_without_a_length_is_taken_up_to_the_limit_and_not_a_byte_more(split) -> None:
+    limit = 1000
+    endpoint = AdmissionEndpoint(lambda ctype, body, started: (413, b"") if body is None else (200, b"{}"), limit)
+
+    def chunks(size: int) -> list[bytes]:
+        body, step = b"x" * size, -(-size // split)
+        return [body[i:i + step] for i in range(0, size, step)]
+
+    assert sent_without_length(endpoint, chunks(limit)) == 200
+    assert sent_without_length(endpoint, chunks(limit + 1)) == 413
