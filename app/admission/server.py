@@ -56,6 +56,20 @@ class GuardContext:
     # rule 8 read again before an allow (blocking; None in snapshot mode): node -> the view with its VMIs fresh
     fresh_view: Callable[[str], ClusterView] | None = None
     fresh_view_timeout: float = 2.0
+    # time.monotonic() of the HTTPS port's event loop's last heartbeat (serve.GuardServer); None: not beating
+    webhook_beat: float | None = None
+    stalled_after: float = 5.0  # seconds without a heartbeat after which /healthz and /readyz fail
+
+
+def stalled(ctx: GuardContext) -> float | None:
+    """Seconds since the HTTPS loop last beat, when that is past ``stalled_after`` (else None). Probes answered on
+    that loop itself cannot see it stalled (they are simply not answered); probes on the metrics port's own loop
+    can, through this."""
+    beat = ctx.webhook_beat
+    if beat is None:
+        return None
+    quiet = time.monotonic() - beat
+    return quiet if quiet > ctx.stalled_after else None
 
 
 def _json(status: int, payload: dict) -> Response:
@@ -130,12 +144,18 @@ def create_app(ctx: GuardContext) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> Response:
+        quiet = stalled(ctx)
+        if quiet is not None:
+            return _json(503, {"status": "webhook port stalled", "seconds": round(quiet, 1)})
         return _json(200, {"status": "ok"})
 
     @app.get("/readyz")
     async def readyz() -> Response:
         if ctx.shutting_down:
             return _json(503, {"ready": False, "reason": "shutting down"})
+        quiet = stalled(ctx)
+        if quiet is not None:
+            return _json(503, {"ready": False, "reason": f"webhook port stalled for {quiet:.1f}s"})
         health = ctx.health(ctx.clock())
         if health.ready:
             return _json(200, {"ready": True, "stale": sorted(health.stale)})
