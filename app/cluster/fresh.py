@@ -109,3 +109,4 @@ class LeaverRead:
 
     def view_of(self, node: str) -> ClusterView:
         return FreshNodeView(self.base, node, self.vmis_on(node))
+

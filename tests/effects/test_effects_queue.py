@@ -64,18 +64,32 @@ def test_equal_keys_are_queued_once():
     assert q.submit(second) is True  # once run, the key may be queued again
 
 
-def test_full_queue_drops_the_oldest_job_and_counts_it():
+def test_a_full_lane_drops_its_own_oldest_job_and_counts_it():
     m = Metrics()
     q = EffectQueue(m, capacity=3, clock=FakeClock())
-    jobs = [Job(i, kind="event" if i == 0 else "annotation") for i in range(5)]
+    jobs = [Job(i, kind="annotation") for i in range(5)]
     for j in jobs:
         q.submit(j)
     assert len(q) == 3
     while q.run_once():
         pass
     assert [j.runs for j in jobs] == [0, 0, 1, 1, 1]
-    assert sample(m, "side_effects_dropped_total", kind="event") == 1
-    assert sample(m, "side_effects_dropped_total", kind="annotation") == 1
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 2
+
+
+def test_an_event_flood_drops_only_events():
+    m = Metrics()
+    q = EffectQueue(m, capacity=10, clock=FakeClock())
+    kept = [Job(("a", i), kind="annotation") for i in range(5)] + [Job(("h", i), kind="history") for i in range(5)]
+    for i, j in enumerate(kept):
+        q.submit(j)
+        for k in range(1000):
+            q.submit(Job((i, k), kind="event"))
+    while q.run_once():
+        pass
+    assert all(j.runs == 1 for j in kept)
+    assert sample(m, "side_effects_dropped_total", kind="event") == 10 * 1000 - 10
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 0
 
 
 def test_delayed_job_waits_for_its_time():
