@@ -13,8 +13,9 @@ comes at the first drop and then at most every ``DROP_LOG_INTERVAL`` seconds, wi
 
 Why two lanes: Events are the one effect anyone who reaches the port can multiply (a forged review of each of
 thousands of VMs); the annotation and history jobs keep the state the policy reads across restarts and must not
-be crowded out by them. Event jobs (kind ``event``) and all others are bounded separately, each to ``capacity``,
-and a full lane drops its own oldest job only.
+be crowded out by them. Event jobs (kind ``event``) are bounded to ``capacity``, all others separately to
+``state_capacity`` (ten times as many by default: they are keyed by real objects, one per pod or VMI at most, a
+few hundred bytes each), and a full lane drops its own oldest job only.
 
 Why keyed: a descheduler loop asks about the same pod again and again. A job
 whose key is already waiting is not queued twice; the waiting one will see the
@@ -82,11 +83,13 @@ class EffectQueue:
         backoff: Backoff = Backoff(),
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
+        state_capacity: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.metrics = metrics
         self.capacity = capacity
+        self.state_capacity = state_capacity or 10 * capacity
         self.max_attempts = max_attempts
         self.backoff = backoff
         self.clock = clock
@@ -117,8 +120,9 @@ class EffectQueue:
         with self._cond:
             if job.key in self._keys:
                 return False
-            lane = self._lanes[job.kind == EVENT]
-            if len(lane) >= self.capacity:
+            event = job.kind == EVENT
+            lane = self._lanes[event]
+            if len(lane) >= (self.capacity if event else self.state_capacity):
                 self._drop_oldest(lane)
             entry = _Entry(self.clock() + delay, next(self._seq), job, attempt)
             heapq.heappush(self._heap, entry)
@@ -146,7 +150,7 @@ class EffectQueue:
         now = time.monotonic()
         if now >= self._next_drop_log:
             log.warning("side-effect queue full; dropped the oldest job", extra={
-                "kind": entry.job.kind, "capacity": self.capacity, "dropped": self._dropped_unlogged})
+                "kind": entry.job.kind, "capacity": len(lane) + 1, "dropped": self._dropped_unlogged})
             self._dropped_unlogged, self._next_drop_log = 0, now + DROP_LOG_INTERVAL
 
     def _head(self) -> _Entry | None:

@@ -66,7 +66,7 @@ def test_equal_keys_are_queued_once():
 
 def test_a_full_lane_drops_its_own_oldest_job_and_counts_it():
     m = Metrics()
-    q = EffectQueue(m, capacity=3, clock=FakeClock())
+    q = EffectQueue(m, capacity=3, clock=FakeClock(), state_capacity=3)
     jobs = [Job(i, kind="annotation") for i in range(5)]
     for j in jobs:
         q.submit(j)
@@ -178,7 +178,7 @@ def test_a_queue_kept_full_keeps_the_newest_jobs_in_ready_order_and_stays_bounde
     """Dropping the oldest is O(1) (the heap keeps tombstones); many drops must neither lose live jobs,
     nor run a dropped one, nor let the tombstones pile up."""
     clock, m = FakeClock(), Metrics()
-    q = EffectQueue(m, capacity=5, clock=clock)
+    q = EffectQueue(m, capacity=5, clock=clock, state_capacity=5)
     jobs = [Job(i) for i in range(1000)]
     for i, j in enumerate(jobs):
         q.submit(j, delay=(1000 - i) % 7)  # ready times out of submission order
@@ -195,7 +195,7 @@ def test_a_queue_kept_full_keeps_the_newest_jobs_in_ready_order_and_stays_bounde
 
 def test_a_queue_that_stays_full_warns_once_with_a_count_not_once_per_drop(caplog):
     m = Metrics()
-    q = EffectQueue(m, capacity=2, clock=FakeClock())
+    q = EffectQueue(m, capacity=2, clock=FakeClock(), state_capacity=2)
     with caplog.at_level("WARNING", logger="kubevirt_eviction_guard.effects"):
         for i in range(102):
             q.submit(Job(i))
