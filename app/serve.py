@@ -49,7 +49,9 @@ class GuardServer:
         self.listener, self.sock, self.ctx = listener, sock, ctx
         self.drain_seconds, self.graceful_seconds = drain_seconds, graceful_seconds
         self._stop: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
+        self.started = threading.Event()
 
     def run(self) -> None:
         loop = protocol.event_loop()
@@ -61,19 +63,25 @@ class GuardServer:
             loop.close()
 
     async def _main(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+        for sig in signals:
             loop.add_signal_handler(sig, self.handle_exit, sig)
         self._beat(loop)
         await self.listener.start(self.sock)
+        self.started.set()
         try:
             await self._stop.wait()
             await self.listener.shutdown(0.0 if self._signals > 1 else self.graceful_seconds)
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
         log.info("shutdown complete")
+
+    def stop(self) -> None:
+        """From another thread (tests): stop as after SIGINT."""
+        self.loop.call_soon_threadsafe(self._stop.set)  # type: ignore[union-attr]
 
     def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
         self.ctx.webhook_beat = time.monotonic()

@@ -50,6 +50,7 @@ log = logging.getLogger("kubevirt_eviction_guard.http")
 CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY = (
     "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body")
 MAX_PIPELINED = 8  # complete requests one read may bring before the connection is closed
+REFUSED_LINGER = 1.0  # seconds a refused connection may take to deliver its answer before it is cut
 CHUNK_FRAMING = 24  # bytes of framing allowed per chunk (size in hex, CRLFs) beyond the header budget
 STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
@@ -403,6 +404,9 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(error_response(status, message))
             self.transport.close()
+            # A closing TLS transport keeps reading (and decrypting) what the client sends while it waits for the
+            # answer to drain and for close_notify: a client that keeps sending would keep it busy. One second.
+            self.loop.call_later(REFUSED_LINGER, self.transport.abort)
 
     # ---- answering ---------------------------------------------------------------------------------
 
