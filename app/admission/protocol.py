@@ -47,8 +47,8 @@ import orjson
 log = logging.getLogger("kubevirt_eviction_guard.http")
 
 # why a connection was closed by a bound (kubevirt_eviction_guard_connections_closed_total{reason})
-CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY = (
-    "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body")
+CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY, UPGRADE = (
+    "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body", "upgrade")
 MAX_PIPELINED = 8  # complete requests one read may bring before the connection is closed
 REFUSED_LINGER = 1.0  # seconds a refused connection may take to deliver its answer before it is cut
 CHUNK_FRAMING = 24  # bytes of framing allowed per chunk (size in hex, CRLFs) beyond the header budget
@@ -318,7 +318,7 @@ class Connection(asyncio.Protocol):
             self._refuse(r.status, r.reason, r.message)
             return
         except httptools.HttpParserUpgrade:
-            self._refuse(400, HEADERS, "protocol upgrades are not served here")
+            self._refuse(400, UPGRADE, "protocol upgrades are not served here")
             return
         except httptools.HttpParserCallbackError as e:
             cause = e.__cause__ or e.__context__
