@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import logging
 import resource
 import signal
@@ -282,20 +283,23 @@ def serve(args: argparse.Namespace) -> int:
     ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
     limits = http_limits(args)
     raise_fd_limit()
-    # refuse bad settings before touching the cluster or loading a snapshot
+    # refuse every bad setting before binding a port, touching the cluster or loading a snapshot
     policy_settings(args), clock(args), stale_after(args), cancel_interval(args), prometheus_durations(args)
-    event_interval(args)
+    event_interval(args), prometheus_source(args)
     if args.metrics_port and args.metrics_port == args.port:
         raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
+    if args.snapshot and not os.access(args.snapshot, os.R_OK):
+        raise UsageError(f"--snapshot {args.snapshot}: cannot read it")
+    cluster = None if args.snapshot else live_cluster(args, Metrics())  # parses --kubeconfig; starts nothing
     sock = listen(args.host, args.port, BACKLOG)
     metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
-    cluster = None if args.snapshot else live_cluster(args, Metrics())
     ctx = build_context(args, cluster)
     if cluster is None:
         freeze_state()
-    # TLS 1.2 minimum; with --client-ca the admission paths need a verified client certificate (probes do not)
-    webhook = listener(create_app(ctx), limits, ctx.metrics, "webhook", tls=ssl_ctx,
-                       peer_cert_required=ADMISSION_PATHS)
+    # TLS 1.2 minimum; with --client-ca the admission paths need a verified client certificate (probes do not).
+    # With a metrics port, /metrics is served there only.
+    webhook = listener(create_app(ctx, metrics_route=not args.metrics_port), limits, ctx.metrics, "webhook",
+                       tls=ssl_ctx, peer_cert_required=ADMISSION_PATHS)
     batch_writes()  # one log line per decision: write them in batches (logs.BatchingStreamHandler)
     background = start_background(args, ssl_ctx, ctx, limits, metrics_sock)
     log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "source": args.snapshot or "live cluster",

@@ -78,7 +78,8 @@ def _json(status: int, payload: dict) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
 
 
-def create_app(ctx: GuardContext) -> FastAPI:
+def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
+    """The app; ``metrics_route=False`` leaves out ``/metrics`` (the webhook port, when a metrics port serves it)."""
     app = GuardApp(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.guard = ctx
     metrics = ctx.metrics
@@ -175,10 +176,11 @@ def create_app(ctx: GuardContext) -> FastAPI:
         detail = ctx.readiness_detail()
         return _json(503, {"ready": False, "notSynced": {k: detail.get(k, "not listed yet") for k in sorted(health.not_synced)}})
 
-    @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
-        body, ctype = metrics.render()
-        return Response(body, media_type=ctype)
+    if metrics_route:
+        @app.get("/metrics")
+        async def metrics_endpoint() -> Response:
+            body, ctype = metrics.render()
+            return Response(body, media_type=ctype)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> Response:
