@@ -36,7 +36,7 @@ ALLOWED = orjson.dumps(
 )
 
 
-def bare_app(_ctx: GuardContext | None = None) -> FastAPI:
+def bare_app(_ctx: GuardContext | None = None, **_options) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     async def admit() -> Response:
@@ -56,7 +56,7 @@ def empty_context(_args, _cluster=None) -> GuardContext:
     return GuardContext(view=ClusterStore(), settings=PolicySettings())
 
 
-def raw_app(_ctx: GuardContext | None = None) -> FastAPI:
+def raw_app(_ctx: GuardContext | None = None, **_options) -> FastAPI:
     """The floor: the same constant answer from the guard's own bare ASGI endpoint
     (``app.admission.asgi``), i.e. the guard's server + TLS + its request path with no
     work in it. What is left between this and the guard is the guard's own work."""
