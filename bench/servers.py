@@ -378,7 +378,10 @@ FEATURES = {
     "protocol code of the project's own": {
         "guard": "`protocol.py` (about 500 lines) on public APIs only",
         "uvicorn": "272 lines subclassing its private `HttpToolsProtocol`, plus a subclass of its `Server`",
-        "granian": "none could be written: no hook on connections", "hypercorn": "none could be written: no hook on connections"},
+        "granian": "would delete all of it, and with it the bounds above that granian lacks (no hook on connections "
+                   "to put them back)",
+        "hypercorn": "would delete all of it, and with it the bounds above that hypercorn lacks (no hook on "
+                     "connections to put them back)"},
 }
 
 
