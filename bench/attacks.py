@@ -575,6 +575,7 @@ def flood_snapshot(n: int = FLOOD_VMS) -> dict:
 def event_flood(guard: Guard, n: int = FLOOD_VMS) -> dict:
     """Forged descheduler reviews of ``n`` distinct VMs, each denied (marked for evacuation): one Event series
     and one annotation job each, on keep-alive connections; then what the guard dropped, by kind."""
+    wait_ready(guard)
     bodies = [review(pod=f"virt-launcher-vm-{i}", uid=f"flood-{i}") for i in range(n)]
     denied = 0
     with contextlib.closing(connect(guard, timeout=10)) as s:
@@ -596,15 +597,21 @@ def event_flood(guard: Guard, n: int = FLOOD_VMS) -> dict:
             "annotations_done": sum(v for k, v in m.items() if k.startswith('kubevirt_eviction_guard_side_effects_total{kind="annotation"'))}
 
 
+def wait_ready(guard: Guard, timeout: float = 120.0) -> None:
+    """Until ``/readyz`` says the state is synced (live mode; at once in snapshot mode)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if request(guard, "GET", "/readyz")[0] == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"guard not ready in {timeout:.0f}s")
+
+
 def reread_amplification(guard: Guard, api, n: int = 2000) -> dict:
     """``n`` forged descheduler reviews that the policy would allow (live mode), on keep-alive connections from
     8 threads; then the consistent VMI LISTs the fake API server saw beyond the watch's own."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # synced: before that the guard answers from no state
-        with contextlib.suppress(OSError):
-            if request(guard, "GET", "/readyz")[0] == 200:
-                break
-        time.sleep(0.2)
+    wait_ready(guard)
     before = len(api.requests_for("virtualmachineinstances", watch=False))
     body = review(uid="reread")
     allowed = 0
@@ -640,8 +647,10 @@ def reread_amplification(guard: Guard, api, n: int = 2000) -> dict:
 
 
 @contextlib.contextmanager
-def fake_cluster(workdir: Path) -> Iterator[tuple[object, Path]]:
-    """The in-repo fake API server (tests/fakeapi) with the snapshot's node, VM and launcher pod."""
+def fake_cluster(workdir: Path, flood: int = 0, latency: float = 0.0) -> Iterator[tuple[object, Path]]:
+    """The in-repo fake API server (tests/fakeapi) with the snapshot's node, VM and launcher pod; with ``flood``,
+    as many more VMs marked for evacuation (``flood_snapshot``'s, in live mode), and every answer ``latency``
+    seconds late (an API server under load)."""
     from tests.fakeapi import FakeApiServer
     from tests.fakeapi import objects as o
 
@@ -649,6 +658,19 @@ def fake_cluster(workdir: Path) -> Iterator[tuple[object, Path]]:
         api.put(o.node("worker-a"))
         api.put(o.vmi("vms", "vm-0", node="worker-a", uid="uid-vm-0", created=time.time() - 86400))
         api.put(o.launcher_pod("vms", "vm-0", "worker-a", name=REVIEW_POD, vmi_uid="uid-vm-0"))
+        if flood:
+            for k in range(50):
+                api.put(o.node(f"worker-{k}"))
+            objects = []
+            for i in range(1, flood):
+                node = f"worker-{i % 50}"
+                objects.append(o.vmi("vms", f"vm-{i}", node=node, uid=f"uid-vm-{i}", evacuation_node=node,
+                                     created=time.time() - 86400))
+                objects.append(o.launcher_pod("vms", f"vm-{i}", node, name=f"virt-launcher-vm-{i}",
+                                              vmi_uid=f"uid-vm-{i}"))
+            api.load(objects)
+        if latency:
+            api.set_latency(latency)
         workdir.mkdir(parents=True, exist_ok=True)
         yield api, api.write_kubeconfig(workdir / "kubeconfig")
 
@@ -662,6 +684,8 @@ class Attack:
     extra: tuple[str, ...] = ()
     cluster: bool = False  # against the fake API server (live mode), run(guard, api)
     snapshot: Callable[[], dict] | None = None
+    flood: int = 0  # cluster: VMs marked for evacuation in the fake API server (fake_cluster)
+    latency: float = 0.0  # cluster: seconds every API answer is late
 
 
 ATTACKS = [
@@ -685,8 +709,9 @@ ATTACKS = [
     Attack("endless_trailer", "a chunked body ending in one trailer header that never ends", endless_trailer),
     Attack("websocket_upgrade", "600 WebSocket upgrade requests, each connection closed once answered",
            websocket_upgrades),
-    Attack("event_flood", f"forged reviews of {FLOOD_VMS:,} distinct denied VMs (an Event and an annotation each)",
-           event_flood, snapshot=flood_snapshot),
+    Attack("event_flood", f"forged reviews of {FLOOD_VMS:,} distinct denied VMs (an Event and an annotation each; "
+           "live mode, every API answer 20 ms late)", lambda g, api: event_flood(g), cluster=True, flood=FLOOD_VMS,
+           latency=0.02),
     Attack("reread_amplification", "2,000 forged descheduler reviews that policy would allow (live mode), 8 "
            "keep-alive connections", reread_amplification, cluster=True),
 ]
@@ -694,7 +719,7 @@ ATTACKS = [
 
 def run_attack(tree: Path, workdir: Path, attack: Attack) -> dict:
     if attack.cluster:
-        with fake_cluster(workdir / attack.name) as (api, kubeconfig):
+        with fake_cluster(workdir / attack.name, attack.flood, attack.latency) as (api, kubeconfig):
             return _run_attack(tree, workdir, attack, api, kubeconfig)
     return _run_attack(tree, workdir, attack)
 
