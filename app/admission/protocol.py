@@ -47,8 +47,8 @@ import orjson
 log = logging.getLogger("kubevirt_eviction_guard.http")
 
 # why a connection was closed by a bound (kubevirt_eviction_guard_connections_closed_total{reason})
-CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY, UPGRADE = (
-    "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body", "upgrade")
+CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY, UPGRADE, CLIENT_CERT = (
+    "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body", "upgrade", "client_certificate")
 MAX_PIPELINED = 8  # complete requests one read may bring before the connection is closed
 REFUSED_LINGER = 1.0  # seconds a refused connection may take to deliver its answer before it is cut
 CHUNK_FRAMING = 24  # bytes of framing allowed per chunk (size in hex, CRLFs) beyond the header budget
@@ -430,8 +430,9 @@ class Connection(asyncio.Protocol):
         response = Response(method == b"HEAD")
         if path in self.listener.peer_cert_required and self.listener.tls is not None \
                 and self.listener.tls.verify_mode != ssl.CERT_NONE and not self.peer_cert:
-            response.parts = [error_response(403, "a verified client certificate is required", close=False)]
-            response.done = True
+            self.listener.table.on_close(CLIENT_CERT)
+            response.parts = [error_response(403, "a verified client certificate is required")]
+            response.keep_alive, response.done = False, True
         else:
             delivered = False
 
