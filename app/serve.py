@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import logging
 import resource
 import signal
@@ -288,8 +287,12 @@ def serve(args: argparse.Namespace) -> int:
     event_interval(args), prometheus_source(args)
     if args.metrics_port and args.metrics_port == args.port:
         raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
-    if args.snapshot and not os.access(args.snapshot, os.R_OK):
-        raise UsageError(f"--snapshot {args.snapshot}: cannot read it")
+    if args.snapshot:
+        try:
+            with open(args.snapshot, "rb"):
+                pass
+        except OSError as e:
+            raise UsageError(f"--snapshot {args.snapshot}: cannot read: {e.strerror or e}") from None
     cluster = None if args.snapshot else live_cluster(args, Metrics())  # parses --kubeconfig; starts nothing
     sock = listen(args.host, args.port, BACKLOG)
     metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
