@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs e2e e2e-bin e2e-outcome figures
+.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-servers bench-watch reliability docs e2e e2e-bin e2e-outcome figures
 
 setup: $(STAMP)
 
@@ -88,8 +88,9 @@ constraints: $(STAMP)
 # The reliability tests (API faults, replicas, forged reviews, hostile clients; all part of `make test`) with their
 # figures printed; also written to build/reliability/*.json and into docs/reliability.md (between its markers).
 # Then the hostile-client attacks (bench/attacks.py) against this tree and against RELIABILITY_BEFORE (the last
-# commit without the bounds on clients, checked out in a temporary worktree), also written into docs/reliability.md.
-RELIABILITY_BEFORE ?= 6589bde3d557bd8f48f52528d13ee854c85b96ed
+# commit served by a subclass of uvicorn's protocol, checked out in a temporary worktree), also written into
+# docs/reliability.md.
+RELIABILITY_BEFORE ?= 701afb9fa1493d76a6ff20a8eccc529620338f77
 reliability: $(STAMP)
 	$(PY) -m pytest -q -s tests/test_api_faults.py tests/test_replicas.py \
 	  tests/effects/test_forged_reviews.py tests/test_hostile_clients.py
@@ -111,6 +112,11 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# The serving stacks side by side (the guard's own protocol, uvicorn, granian, hypercorn): the same app, the same
+# load and attacks (bench/servers.py); the table goes into docs/performance.md and docs/reliability.md.
+bench-servers: $(BENCH_STAMP)
+	$(PY) -m bench.servers --doc docs/performance.md --doc docs/reliability.md
 
 # Write the newest three `make bench` results into docs/performance.md (between its bench markers).
 bench-doc: $(STAMP)

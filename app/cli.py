@@ -190,7 +190,8 @@ def _serve_parser(sub) -> None:
     fx.add_argument("--event-interval", metavar="GO_DURATION", default="1m",
                     help="at most one Event write per VMI and reason per interval (default 1m)")
     fx.add_argument("--side-effect-queue", metavar="N", type=positive_int, default=1000,
-                    help="bounded queue of pending side effects; the oldest is dropped when full (default 1000)")
+                    help="pending Event writes held at most (the oldest is dropped when full); annotation and history "
+                         "jobs have a lane of their own, ten times as large (default 1000)")
     fx.add_argument("--no-side-effects", action="store_true",
                     help="log decisions only: no Events, no annotation, no migration history")
     fx.add_argument("--no-history-annotation", action="store_true",

@@ -5,22 +5,21 @@ plain-HTTP port. The same FastAPI app answers there (identical probes and
 metrics), behind an allow-list so that the admission endpoints are never
 reachable without TLS. The same bounds on clients hold here as on the HTTPS
 port (``protocol.py``: header budgets, request and idle timeouts, its own
-connection cap). It runs in its own thread with its own event loop: a
-slow scrape can never delay an admission answer, and uvicorn installs no
-signal handlers outside the main thread, so SIGTERM still belongs to the
-HTTPS server.
+connection cap). It runs in its own thread with its own event loop, so a
+slow scrape can never delay an admission answer; for the same reason its
+``/healthz`` and ``/readyz`` also read the HTTPS loop's heartbeat
+(``GuardContext.webhook_beat``): a stalled webhook port fails them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
-import time
 
 import orjson
-import uvicorn
 
-from app.admission.protocol import HttpLimits, protocol_class
+from app.admission.protocol import HttpLimits, Listener, event_loop
 from app.admission.server import GuardContext, create_app
 
 SIDE_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
@@ -42,31 +41,50 @@ def only_paths(app, allowed: frozenset[str] = SIDE_PATHS):
 
 
 class MetricsServer:
-    def __init__(self, ctx: GuardContext, host: str, port: int, http: type | None = None,
-                 idle_timeout: float = 30.0, sock: socket.socket | None = None) -> None:
-        """``http``: the protocol class (serve passes the HTTPS port's, bound to this port's own table);
-        ``sock``: already bound to host:port (``serve`` binds it before loading anything)."""
-        config = uvicorn.Config(
-            only_paths(create_app(ctx)), host=host, port=port, log_config=None, access_log=False,
-            lifespan="off", timeout_graceful_shutdown=2, http=http or protocol_class(HttpLimits()),
-            timeout_keep_alive=idle_timeout,
-        )
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock] if sock else None},
-                                        name="metrics-http", daemon=True)
+    """The side port in a thread of its own, with its own event loop and the same bounds as the HTTPS port."""
+
+    def __init__(self, ctx: GuardContext, sock: socket.socket, limits: HttpLimits | None = None) -> None:
+        """``sock``: already bound (``serve`` binds it before loading anything)."""
+        limits = limits or HttpLimits()
+        closed = ctx.metrics.connections_closed
+        self.listener = Listener(only_paths(create_app(ctx)), limits,
+                                 on_close=lambda reason: closed.labels("metrics", reason).inc())
+        ctx.metrics.open_connections.labels("metrics").set_function(lambda: len(self.listener.table))
+        self.sock = sock
+        self._loop = event_loop()
+        self._started = threading.Event()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="metrics-http", daemon=True)
+
+    def _run(self) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.listener.start(self.sock))
+        except BaseException as e:  # noqa: BLE001 - handed to start()
+            self._failed = e
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
 
     def start(self, timeout: float = 10.0) -> MetricsServer:
-        """Start listening; raises OSError when the port cannot be bound (uvicorn's thread just ends then)."""
         self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                cfg = self.server.config
-                raise OSError(f"--metrics-port {cfg.port}: cannot listen on {cfg.host}:{cfg.port}")
-            time.sleep(0.01)
+        if not self._started.wait(timeout) or self._failed is not None:
+            raise OSError(f"the metrics port did not start: {self._failed or 'timed out'}")
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout=2)
+        loop = self._loop
+        if loop.is_closed() or not self._thread.is_alive():
+            return
+
+        async def down() -> None:
+            await self.listener.shutdown(1.0)
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(down(), loop)
+        self._thread.join(timeout=3)

@@ -1,19 +1,19 @@
-"""``serve``: wire settings, cluster state, the app and TLS together, then run uvicorn."""
+"""``serve``: wire settings, cluster state, the app and TLS together, then serve (``app.admission.protocol``)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import asyncio
 import gc
 import logging
 import resource
 import signal
 import socket
 import threading
-
-import uvicorn
+import time
 
 from app.admission import protocol
+from app.admission.asgi import ADMISSION_PATHS
 from app.admission.server import GuardContext, create_app
 from app.cluster.informer import ClusterWatch
 from app.config import SettingsError, by_name, load_config_file
@@ -32,44 +32,76 @@ DEFAULT_STALE_AFTER = "2m"
 BACKLOG = 2048
 
 
-class GuardServer(uvicorn.Server):
-    """uvicorn's server, but a SIGTERM ends in exit status 0 after the graceful drain.
+class GuardServer:
+    """The HTTPS listener on its own event loop, in the main thread (it owns SIGTERM and SIGINT).
 
-    uvicorn re-raises the captured signal once it has shut down, so the process
-    dies "killed by SIGTERM"; Kubernetes and process supervisors read that as a
-    crash. The guard stops on SIGTERM by design.
+    SIGINT (Ctrl-C) stops at once. The first SIGTERM turns readiness off and keeps serving for ``drain_seconds``
+    (the API server keeps sending to an endpoint until it is removed from the Service), then stops accepting,
+    closes idle connections and lets requests in flight finish within ``graceful_seconds``; the process then
+    exits with status 0 (Kubernetes reads death by a signal as a crash). A second signal stops now.
+
+    The loop also beats a heartbeat (``ctx.webhook_beat``) twice a second: the metrics port runs its own loop,
+    and its probes read the heartbeat, so they fail when this loop stalls rather than staying green beside it.
     """
 
-    def __init__(self, config: uvicorn.Config, ctx: GuardContext, drain_seconds: float) -> None:
-        super().__init__(config)
-        self.ctx = ctx
-        self.drain_seconds = drain_seconds
+    def __init__(self, listener: protocol.Listener, sock: socket.socket, ctx: GuardContext, drain_seconds: float,
+                 graceful_seconds: float) -> None:
+        self.listener, self.sock, self.ctx = listener, sock, ctx
+        self.drain_seconds, self.graceful_seconds = drain_seconds, graceful_seconds
+        self._stop: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._signals = 0
+        self.started = threading.Event()
 
-    def handle_exit(self, sig: int, frame) -> None:
-        """SIGINT (Ctrl-C) stops at once. First SIGTERM: report not ready and keep serving for ``drain_seconds`` (the
-        API server keeps sending to an endpoint until it is removed from the Service),
-        then stop accepting and let in-flight requests finish. A second signal stops now."""
-        if self.ctx.shutting_down or self.drain_seconds <= 0 or sig != signal.SIGTERM:
-            super().handle_exit(sig, frame)
+    def run(self) -> None:
+        loop = protocol.event_loop()
+        try:
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(self._main())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    async def _main(self) -> None:
+        loop = self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+        for sig in signals:
+            loop.add_signal_handler(sig, self.handle_exit, sig)
+        self._beat(loop)
+        await self.listener.start(self.sock)
+        self.started.set()
+        try:
+            await self._stop.wait()
+            await self.listener.shutdown(0.0 if self._signals > 1 else self.graceful_seconds)
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+        log.info("shutdown complete")
+
+    def stop(self) -> None:
+        """From another thread (tests): stop as after SIGINT."""
+        self.loop.call_soon_threadsafe(self._stop.set)  # type: ignore[union-attr]
+
+    def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.ctx.webhook_beat = time.monotonic()
+        loop.call_later(0.5, self._beat, loop)
+
+    def handle_exit(self, sig: int) -> None:
+        self._signals += 1
+        assert self._stop is not None
+        if self._stop.is_set() or self.ctx.shutting_down:  # the second signal: stop now
+            self._signals = 2
+            self._stop.set()
+            for conn in self.listener.table:
+                conn.abort()
+            return
+        if self.drain_seconds <= 0 or sig != signal.SIGTERM:
+            self._stop.set()
             return
         self.ctx.shutting_down = True
         log.info("shutting down: readiness off, draining", extra={"drain_seconds": self.drain_seconds})
-        timer = threading.Timer(self.drain_seconds, super().handle_exit, (sig, None))
-        timer.daemon = True
-        timer.start()
-
-    def _log_started_message(self, listeners) -> None:
-        """uvicorn's line would say http:// (TLS is the protocol's, not uvicorn's); serve logs the URL itself."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
+        asyncio.get_running_loop().call_later(self.drain_seconds, self._stop.set)
 
 
 def stale_after(args: argparse.Namespace) -> float:
@@ -232,46 +264,40 @@ def http_limits(args: argparse.Namespace) -> protocol.HttpLimits:
             raise UsageError(f"--{flag.replace('_', '-')}: must be at least {least}, got {getattr(args, flag)}")
     return protocol.HttpLimits(request_timeout=args.request_timeout, max_header_bytes=args.max_header_bytes,
                                max_headers=args.max_headers, max_connections=args.max_connections,
-                               tls_handshake_timeout=args.tls_handshake_timeout)
+                               tls_handshake_timeout=args.tls_handshake_timeout, idle_timeout=args.idle_timeout,
+                               max_body_bytes=args.max_body_bytes)
 
 
-def listener_protocol(limits: protocol.HttpLimits, metrics: Metrics, listener: str, tls=None):
-    """The protocol class of one port, its bounds counted in ``metrics``."""
+def listener(app, limits: protocol.HttpLimits, metrics: Metrics, name: str, tls=None,
+             peer_cert_required: frozenset[str] = frozenset()) -> protocol.Listener:
+    """One port's listener, its bounds counted in ``metrics``."""
     closed = metrics.connections_closed
-    cls = protocol.protocol_class(limits, tls, on_close=lambda reason: closed.labels(listener, reason).inc())
-    metrics.open_connections.labels(listener).set_function(lambda: len(cls.table))
-    return cls
+    port = protocol.Listener(app, limits, tls, on_close=lambda reason: closed.labels(name, reason).inc(),
+                             peer_cert_required=peer_cert_required)
+    metrics.open_connections.labels(name).set_function(lambda: len(port.table))
+    return port
 
 
 def serve(args: argparse.Namespace) -> int:
     ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
     limits = http_limits(args)
     raise_fd_limit()
-    # refuse bad settings before touching the cluster or loading a snapshot
+    # refuse every bad setting before binding a port, touching the cluster or loading a snapshot
     policy_settings(args), clock(args), stale_after(args), cancel_interval(args), prometheus_durations(args)
-    event_interval(args)
+    event_interval(args), prometheus_source(args)
     if args.metrics_port and args.metrics_port == args.port:
         raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
-    cluster = None if args.snapshot else live_cluster(args, Metrics())
+    cluster = None if args.snapshot else live_cluster(args, Metrics())  # parses --kubeconfig; starts nothing
     ctx = build_context(args, cluster)  # the rest of the flags, the snapshot, the kubeconfig: nothing started yet
     # bound only once every flag is known good: a refusal never depends on whether the port is free
     sock = listen(args.host, args.port, BACKLOG)
     metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
     if cluster is None:
         freeze_state()
-    config = uvicorn.Config(
-        create_app(ctx, metrics_route=not args.metrics_port),  # with a metrics port, /metrics is there only
-        host=args.host,
-        port=args.port,
-        loop="auto",
-        # TLS 1.2 minimum, optional client-certificate verification; started by the protocol (see protocol.py)
-        http=listener_protocol(limits, ctx.metrics, "webhook", tls=ssl_ctx),
-        log_config=None,
-        access_log=False,
-        timeout_keep_alive=args.idle_timeout,
-        timeout_graceful_shutdown=args.graceful_timeout,
-        backlog=BACKLOG,
-    )
+    # TLS 1.2 minimum; with --client-ca the admission paths need a verified client certificate (probes do not).
+    # With a metrics port, /metrics is served there only.
+    webhook = listener(create_app(ctx, metrics_route=not args.metrics_port), limits, ctx.metrics, "webhook",
+                       tls=ssl_ctx, peer_cert_required=ADMISSION_PATHS)
     batch_writes()  # one log line per decision: write them in batches (logs.BatchingStreamHandler)
     background = start_background(args, ssl_ctx, ctx, limits, metrics_sock)
     log.info("serving", extra={"url": f"https://{args.host}:{args.port}", "source": args.snapshot or "live cluster",
@@ -287,7 +313,7 @@ def serve(args: argparse.Namespace) -> int:
                                                            "maxAge": format_duration(ctx.usage_source.max_age)})
         ctx.usage_source.start()
     try:
-        GuardServer(config, ctx, args.shutdown_drain).run(sockets=[sock])
+        GuardServer(webhook, sock, ctx, args.shutdown_drain, args.graceful_timeout).run()
     finally:
         for part in reversed(background):
             part.stop()
@@ -301,12 +327,12 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def listen(host: str, port: int, backlog: int, flag: str = "--port") -> socket.socket:
-    """A listening socket, bound here so that a bad address or a port in use is one line, not uvicorn's exit."""
+    """A listening socket, bound here so that a bad address or a port in use is one line, not a traceback."""
     sock = None
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts need no wait
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restarts need no wait
         sock.bind(address)
         sock.listen(backlog)
         return sock
@@ -350,9 +376,7 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limit
         from app.metrics_server import MetricsServer
 
         try:
-            metrics_protocol = listener_protocol(limits, ctx.metrics, "metrics")
-            parts.append(MetricsServer(ctx, args.host, args.metrics_port, metrics_protocol,
-                                       idle_timeout=args.idle_timeout, sock=metrics_sock).start())
+            parts.append(MetricsServer(ctx, metrics_sock, limits).start())
         except OSError as e:
             raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:

@@ -61,7 +61,8 @@ def server_context(cert_path: str | Path, key_path: str | Path, client_ca: str |
             ctx.load_verify_locations(cafile=str(client_ca))
         except (OSError, ssl.SSLError) as e:
             raise TLSError(f"--client-ca {client_ca}: cannot load: {e}") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        # asked, verified when sent, required by the admission paths (protocol.Listener): kubelet probes send none
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
 
 

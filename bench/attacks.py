@@ -97,13 +97,13 @@ class Guard:
     """``python -m app serve`` from a source tree, on free ports, with a self-signed certificate."""
 
     def __init__(self, tree: Path, workdir: Path, *extra: str, stderr_unread: bool = False,
-                 kubeconfig: Path | None = None) -> None:
-        """Snapshot mode (``snapshot_doc``), or watching the API server of ``kubeconfig``."""
+                 kubeconfig: Path | None = None, snapshot: dict | None = None) -> None:
+        """Snapshot mode (``snapshot`` or ``snapshot_doc``), or watching the API server of ``kubeconfig``."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.certs = write_certs(issue_certs("kubevirt-eviction-guard", "test"), workdir / "certs")
         if kubeconfig is None:
-            snap = workdir / "snapshot.yaml"
-            snap.write_text(yaml.safe_dump(snapshot_doc()))
+            snap = workdir / "snapshot.json"
+            snap.write_bytes(orjson.dumps(snapshot or snapshot_doc()))
             source = ["--snapshot", str(snap), "--now", "2026-11-21T12:00:00Z"]
         else:
             source = ["--kubeconfig", str(kubeconfig), "--no-descheduler-check"]
@@ -409,9 +409,248 @@ def forged_events(guard: Guard, api, n: int = 20, wait: float = 35.0) -> dict:
             "events_with_control_chars": sum(any(ord(c) < 32 for c in e["message"]) for e in allowed)}
 
 
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: guard\r\n\r\n"
+
+
+def scrape(guard: Guard) -> dict[str, float]:
+    """The guard's metrics (from the metrics port) as {sample with labels: value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = request(guard, "GET", "/metrics", port=guard.metrics_port)[1].decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+def capacity_closes(m: dict[str, float]) -> float:
+    return m.get('kubevirt_eviction_guard_connections_closed_total{listener="webhook",reason="capacity"}', 0.0)
+
+
+def pipeline(guard: Guard, port: int | None = None, seconds: float = 5.0, read: bool = True) -> dict:
+    """Tiny ``GET /healthz`` requests pipelined on one keep-alive connection as fast as it can send them for
+    ``seconds``; answers read (or, ``read=False``, never read)."""
+    s = connect(guard, port, timeout=5)
+    sent = got = 0
+    stop = threading.Event()
+    closed_by_guard = threading.Event()
+
+    def reader() -> None:
+        nonlocal got
+        while not stop.is_set():
+            try:
+                chunk = s.recv(1 << 16)
+            except (TimeoutError, ssl.SSLWantReadError, socket.timeout):
+                continue
+            except OSError:
+                closed_by_guard.set()
+                return
+            if not chunk:
+                closed_by_guard.set()
+                return
+            got += chunk.count(b"HTTP/1.1 ")
+
+    t = threading.Thread(target=reader, daemon=True)
+    if read:
+        t.start()
+    burst = HEALTHZ * 256
+    started = time.monotonic()
+    while time.monotonic() - started < seconds and not closed_by_guard.is_set():
+        try:
+            s.sendall(burst)
+            sent += len(burst)
+        except (OSError, TimeoutError):
+            closed_by_guard.set()
+            break
+    held_s = round(time.monotonic() - started, 1)
+    if not read:  # the guard may still hold it: see whether it closes within its request timeout
+        s.settimeout(None)
+        closed_in = wait_closed([s], 20.0)[0]
+        if closed_in is not None:
+            closed_by_guard.set()
+            held_s = round(held_s + closed_in, 1)
+    stop.set()
+    if read:
+        t.join(5)
+    s.close()
+    return {"sent_mib": round(sent / MiB, 2), "requests_sent": sent // len(HEALTHZ), "answers_read": got,
+            "closed_by_guard": closed_by_guard.is_set(), "held_s": held_s}
+
+
+def abrupt_closes(guard: Guard, n: int = 2000) -> dict:
+    """``n`` keep-alive TLS connections, each asking ``/healthz`` once, then dropped without close_notify (an RST);
+    then the guard's own count of its open connections 2 s later, and how many it closed for capacity."""
+    import struct
+
+    capacity0 = capacity_closes(scrape(guard))
+    for _ in range(n):
+        s = connect(guard)
+        s.sendall(HEALTHZ)
+        s.recv(1000)
+        raw = socket.socket(fileno=s.detach())  # the TCP socket under the TLS layer: no close_notify
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raw.close()
+    time.sleep(2.0)
+    m = scrape(guard)
+    return {"connections": n,
+            "open_after_2s": m.get('kubevirt_eviction_guard_open_connections{listener="webhook"}'),
+            "capacity_closes": capacity_closes(m) - capacity0}
+
+
+def endless_trailer(guard: Guard, total: int = 64 * MiB) -> dict:
+    """A chunked body whose last chunk is followed by one trailer header that never ends."""
+    s = connect(guard, timeout=30)
+    s.sendall(b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: ")
+    chunk = b"a" * 65536
+    sent, refused, answer = 0, False, b""
+    started = time.monotonic()
+    try:
+        while sent < total:
+            s.sendall(chunk)
+            sent += len(chunk)
+    except OSError:
+        refused = True
+    s.settimeout(30)
+    with contextlib.suppress(OSError):
+        answer = s.recv(200)
+    s.close()
+    line = answer.partition(b"\r\n")[0].decode("latin-1")
+    return {"sent_mib": round(sent / MiB, 2), "answer": line or ("connection closed" if refused else "none"),
+            "refused": refused or bool(line), "held_s": round(time.monotonic() - started, 1)}
+
+
+def websocket_upgrades(guard: Guard, n: int = 600) -> dict:
+    """``n`` WebSocket upgrade requests on new TLS connections, each closed once answered; then the guard's count
+    of its open connections and of its closes for capacity."""
+    answers: dict[str, int] = {}
+    capacity0 = capacity_closes(scrape(guard))
+    for i in range(n):
+        with contextlib.closing(connect(guard)) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: guard\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            s.settimeout(5)
+            try:
+                line = s.recv(200).partition(b"\r\n")[0].decode("latin-1")
+            except OSError:
+                line = "connection closed"
+            answers[line] = answers.get(line, 0) + 1
+    time.sleep(2.0)
+    m = scrape(guard)
+    return {"requests": n, "answers": answers,
+            "open_after_2s": m.get('kubevirt_eviction_guard_open_connections{listener="webhook"}'),
+            "capacity_closes": capacity_closes(m) - capacity0}
+
+
+FLOOD_VMS = 5000
+
+
+def flood_snapshot(n: int = FLOOD_VMS) -> dict:
+    """``n`` VMs on 50 nodes, each marked for evacuation (a background denial: an Event and the annotation)."""
+    doc = snapshot_doc()
+    items = [i for i in doc["items"] if i["kind"] == "Node"]
+    items += [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"worker-{k}", "labels": {}}, "spec": {}}
+              for k in range(50)]
+    for i in range(n):
+        node = f"worker-{i % 50}"
+        items.append({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                      "metadata": {"name": f"vm-{i}", "namespace": "vms", "uid": f"uid-vm-{i}",
+                                   "creationTimestamp": "2026-01-01T00:00:00Z"},
+                      "spec": {}, "status": {"phase": "Running", "nodeName": node, "evacuationNodeName": node}})
+        items.append({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": f"virt-launcher-vm-{i}", "namespace": "vms", "uid": f"uid-pod-{i}",
+                                   "resourceVersion": str(1000 + i),
+                                   "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": f"uid-vm-{i}"},
+                                   "annotations": {"kubevirt.io/domain": f"vm-{i}"},
+                                   "ownerReferences": [{"apiVersion": "kubevirt.io/v1",
+                                                        "kind": "VirtualMachineInstance", "name": f"vm-{i}",
+                                                        "uid": f"uid-vm-{i}", "controller": True}]},
+                      "spec": {"nodeName": node},
+                      "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    return {"kind": "List", "items": items}
+
+
+def event_flood(guard: Guard, n: int = FLOOD_VMS) -> dict:
+    """Forged descheduler reviews of ``n`` distinct VMs, each denied (marked for evacuation): one Event series
+    and one annotation job each, on keep-alive connections; then what the guard dropped, by kind."""
+    wait_ready(guard)
+    bodies = [review(pod=f"virt-launcher-vm-{i}", uid=f"flood-{i}") for i in range(n)]
+    denied = 0
+    with contextlib.closing(connect(guard, timeout=10)) as s:
+        f = s.makefile("rb")
+        for body in bodies:
+            s.sendall(b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            f.readline()
+            length = 0
+            while (line := f.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            denied += b'"allowed":false' in f.read(length)
+    time.sleep(3.0)
+    m = scrape(guard)
+    dropped = {k.split('kind="')[1].rstrip('"}'): v for k, v in m.items()
+               if k.startswith("kubevirt_eviction_guard_side_effects_dropped_total{")}
+    return {"reviews": n, "denied": denied, "dropped": dropped,
+            "annotations_done": sum(v for k, v in m.items() if k.startswith('kubevirt_eviction_guard_side_effects_total{kind="annotation"'))}
+
+
+def wait_ready(guard: Guard, timeout: float = 120.0) -> None:
+    """Until ``/readyz`` says the state is synced (live mode; at once in snapshot mode)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if request(guard, "GET", "/readyz")[0] == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"guard not ready in {timeout:.0f}s")
+
+
+def reread_amplification(guard: Guard, api, n: int = 2000) -> dict:
+    """``n`` forged descheduler reviews that the policy would allow (live mode), on keep-alive connections from
+    8 threads; then the consistent VMI LISTs the fake API server saw beyond the watch's own."""
+    wait_ready(guard)
+    before = len(api.requests_for("virtualmachineinstances", watch=False))
+    body = review(uid="reread")
+    allowed = 0
+    lock = threading.Lock()
+
+    def worker(count: int) -> None:
+        nonlocal allowed
+        with contextlib.closing(connect(guard, timeout=10)) as s:
+            f = s.makefile("rb")
+            for _ in range(count):
+                s.sendall(b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                f.readline()
+                length = 0
+                while (line := f.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                ok = b'"allowed":true' in f.read(length)
+                with lock:
+                    allowed += ok
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(n // 8,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.monotonic() - started
+    lists = len(api.requests_for("virtualmachineinstances", watch=False)) - before
+    m = scrape(guard)
+    return {"reviews": n, "allowed": allowed, "vmi_lists": lists, "lists_per_s": round(lists / took, 1), "took_s": round(took, 1),
+            "over_budget": m.get('kubevirt_eviction_guard_leaver_reads_total{result="over_budget"}', 0.0)}
+
+
 @contextlib.contextmanager
-def fake_cluster(workdir: Path) -> Iterator[tuple[object, Path]]:
-    """The in-repo fake API server (tests/fakeapi) with the snapshot's node, VM and launcher pod."""
+def fake_cluster(workdir: Path, flood: int = 0, latency: float = 0.0) -> Iterator[tuple[object, Path]]:
+    """The in-repo fake API server (tests/fakeapi) with the snapshot's node, VM and launcher pod; with ``flood``,
+    as many more VMs marked for evacuation (``flood_snapshot``'s, in live mode), and every answer ``latency``
+    seconds late (an API server under load)."""
     from tests.fakeapi import FakeApiServer
     from tests.fakeapi import objects as o
 
@@ -419,6 +658,19 @@ def fake_cluster(workdir: Path) -> Iterator[tuple[object, Path]]:
         api.put(o.node("worker-a"))
         api.put(o.vmi("vms", "vm-0", node="worker-a", uid="uid-vm-0", created=time.time() - 86400))
         api.put(o.launcher_pod("vms", "vm-0", "worker-a", name=REVIEW_POD, vmi_uid="uid-vm-0"))
+        if flood:
+            for k in range(50):
+                api.put(o.node(f"worker-{k}"))
+            objects = []
+            for i in range(1, flood):
+                node = f"worker-{i % 50}"
+                objects.append(o.vmi("vms", f"vm-{i}", node=node, uid=f"uid-vm-{i}", evacuation_node=node,
+                                     created=time.time() - 86400))
+                objects.append(o.launcher_pod("vms", f"vm-{i}", node, name=f"virt-launcher-vm-{i}",
+                                              vmi_uid=f"uid-vm-{i}"))
+            api.load(objects)
+        if latency:
+            api.set_latency(latency)
         workdir.mkdir(parents=True, exist_ok=True)
         yield api, api.write_kubeconfig(workdir / "kubeconfig")
 
@@ -431,6 +683,9 @@ class Attack:
     stderr_unread: bool = False
     extra: tuple[str, ...] = ()
     cluster: bool = False  # against the fake API server (live mode), run(guard, api)
+    snapshot: Callable[[], dict] | None = None
+    flood: int = 0  # cluster: VMs marked for evacuation in the fake API server (fake_cluster)
+    latency: float = 0.0  # cluster: seconds every API answer is late
 
 
 ATTACKS = [
@@ -445,19 +700,33 @@ ATTACKS = [
            log_amplification, stderr_unread=True, extra=("--log-format", "text")),
     Attack("forged_events", "20 forged descheduler reviews of a real launcher pod, user name with a newline and "
            "ANSI escapes", forged_events, cluster=True),
+    Attack("pipeline_tls", "`GET /healthz` pipelined on one TLS connection for 5 s, answers read", pipeline),
+    Attack("pipeline_metrics", "`GET /healthz` pipelined on one metrics-port connection for 5 s, answers read",
+           lambda g: pipeline(g, port=g.metrics_port)),
+    Attack("pipeline_unread", "`GET /healthz` pipelined on one TLS connection for 5 s, answers never read",
+           lambda g: pipeline(g, read=False)),
+    Attack("abrupt_close", "2,000 keep-alive TLS connections dropped without close_notify (RST)", abrupt_closes),
+    Attack("endless_trailer", "a chunked body ending in one trailer header that never ends", endless_trailer),
+    Attack("websocket_upgrade", "600 WebSocket upgrade requests, each connection closed once answered",
+           websocket_upgrades),
+    Attack("event_flood", f"forged reviews of {FLOOD_VMS:,} distinct denied VMs (an Event and an annotation each; "
+           "live mode, every API answer 20 ms late)", lambda g, api: event_flood(g), cluster=True, flood=FLOOD_VMS,
+           latency=0.02),
+    Attack("reread_amplification", "2,000 forged descheduler reviews that policy would allow (live mode), 8 "
+           "keep-alive connections", reread_amplification, cluster=True),
 ]
 
 
 def run_attack(tree: Path, workdir: Path, attack: Attack) -> dict:
     if attack.cluster:
-        with fake_cluster(workdir / attack.name) as (api, kubeconfig):
+        with fake_cluster(workdir / attack.name, attack.flood, attack.latency) as (api, kubeconfig):
             return _run_attack(tree, workdir, attack, api, kubeconfig)
     return _run_attack(tree, workdir, attack)
 
 
 def _run_attack(tree: Path, workdir: Path, attack: Attack, api=None, kubeconfig: Path | None = None) -> dict:
     guard = Guard(tree, workdir / attack.name, *attack.extra, stderr_unread=attack.stderr_unread,
-                  kubeconfig=kubeconfig)
+                  kubeconfig=kubeconfig, snapshot=attack.snapshot() if attack.snapshot else None)
     try:
         prober = Prober(guard)
         with Memory(guard.proc.pid) as mem, prober.running():
@@ -513,6 +782,21 @@ def _cell(name: str, r: dict) -> str:
     elif name == "log_amplification":
         what = (f"{r['request_bytes'] / 1024:,.0f} KiB each; longest log line {r['longest_log_line_bytes'] / 1024:,.1f} KiB, "
                 f"{r['log_lines_with_control_chars']} lines with control characters, {r['forged_log_lines']} forged lines")
+    elif name.startswith("pipeline"):
+        what = (f"{r['requests_sent']:,} requests ({r['sent_mib']:g} MiB) sent, {r.get('answers_read', 0):,} answers; "
+                + (f"closed by the guard after {r['held_s']:g} s" if r["closed_by_guard"] else f"still open after {r['held_s']:g} s"))
+    elif name in ("abrupt_close", "websocket_upgrade"):
+        what = f"open connections counted 2 s later: {r['open_after_2s']:g}; closes for capacity: {r['capacity_closes']:g}"
+        if name == "websocket_upgrade":
+            what = f"answers {r['answers']}; {what}"
+    elif name == "endless_trailer":
+        what = (f"{r['answer']} after {r['sent_mib']:g} MiB sent" if r["refused"]
+                else f"all {r['sent_mib']:g} MiB taken, {r['answer']}")
+    elif name == "event_flood":
+        what = f"{r['denied']:,} denied; dropped by kind: {r['dropped'] or 'none'}"
+    elif name == "reread_amplification":
+        what = (f"{r['allowed']:,} allowed; {r['vmi_lists']:,} VMI LISTs ({r['lists_per_s']:g}/s), "
+                f"{r.get('over_budget', 0):g} fail-open past the bound")
     else:
         what = (f"{r['eviction_allowed_events']} `EvictionAllowed` Events (count {r['counted']}) for {r['forged']} "
                 f"forged reviews and the prober's, {r['events_with_control_chars']} with control characters")

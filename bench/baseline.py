@@ -1,6 +1,6 @@
 """The baseline: the guard's own ``serve`` command with the guard taken out.
 
-Same process start-up, same uvicorn settings, same TLS context, same logging
+Same process start-up, same server settings, same TLS context, same logging
 set-up, because it *is* ``app.serve.serve``; only the context (no cluster state)
 and the app differ: a bare FastAPI route that answers every POST with one
 constant "allowed" AdmissionReview, without reading or parsing the body. What
@@ -58,7 +58,7 @@ def empty_context(_args, _cluster=None) -> GuardContext:
 
 def raw_app(_ctx: GuardContext | None = None, **_options) -> FastAPI:
     """The floor: the same constant answer from the guard's own bare ASGI endpoint
-    (``app.admission.asgi``), i.e. uvicorn + TLS + the guard's request path with no
+    (``app.admission.asgi``), i.e. the guard's server + TLS + its request path with no
     work in it. What is left between this and the guard is the guard's own work."""
     app = GuardApp(docs_url=None, redoc_url=None, openapi_url=None)
     app.serve_admission(AdmissionEndpoint(lambda ctype, body, started: (200, ALLOWED), 1 << 20))

@@ -173,3 +173,55 @@ def test_the_policy_names_the_node_it_counted_only_on_an_allow_after_rule_8() ->
     assert (desched.allowed, desched.budget_node) == (True, NODE)
     assert (admin.allowed, admin.budget_node) == (True, "")
     assert (no_budget.allowed, no_budget.budget_node) == (True, "")
+
+
+def evict_many(c: httpx.AsyncClient, pod_name: str, n: int) -> list[dict]:
+    async def go():
+        async with c:
+            rs = await asyncio.gather(*(c.post("/mutate", content=orjson.dumps(review_doc(pod_name)), headers=JSON)
+                                        for _ in range(n)))
+            return [r.json()["response"] for r in rs]
+
+    return asyncio.run(go())
+
+
+def test_reads_of_one_node_are_shared_one_in_flight_and_the_next() -> None:
+    """50 allows of one node at once: the first read, and one more (started after it) that the 49 others share."""
+    metrics, calls = Metrics(), []
+    store = store_of(*objects())
+
+    def slow(node):
+        calls.append(node)
+        time.sleep(0.2)
+        return store
+
+    answers = evict_many(guard(None, metrics, fresh_view=slow), "virt-launcher-b-abcde", 50)
+    assert all(a["allowed"] for a in answers)
+    assert calls == [NODE, NODE]
+    assert reads(metrics) == {"same": 50.0}
+
+
+def test_past_the_reads_per_second_the_cached_answer_stands_and_is_counted(caplog) -> None:
+    metrics, calls = Metrics(), []
+    store = store_of(*objects())
+
+    def read(node):
+        calls.append(node)
+        return store
+
+    with caplog.at_level(logging.WARNING, logger="kubevirt_eviction_guard.admission"):
+        c = guard(None, metrics, fresh_view=read, fresh_reads_per_second=5)
+
+        async def go():
+            async with c:
+                out = []
+                for _ in range(40):  # one after the other: no sharing, only the bound
+                    r = await c.post("/mutate", content=orjson.dumps(review_doc("virt-launcher-b-abcde")), headers=JSON)
+                    out.append(r.json()["response"])
+                return out
+
+        answers = asyncio.run(go())
+    assert all(a["allowed"] for a in answers)
+    got = reads(metrics)
+    assert len(calls) < 15 and got == {"same": len(calls), "over_budget": 40 - len(calls)}, got
+    assert any("not reading the VMIs of node" in r.getMessage() for r in caplog.records)

@@ -20,13 +20,21 @@ from bench.attacks import (
     Guard,
     Memory,
     Prober,
+    abrupt_closes,
     connect,
+    endless_trailer,
+    event_flood,
+    fake_cluster,
     flood_headers,
+    flood_snapshot,
     held_connections,
     idle_metrics,
+    pipeline,
     request,
+    reread_amplification,
     review,
     wait_closed,
+    websocket_upgrades,
 )
 from tests.guard_process import ROOT, free_port
 from tests.live_support import eventually
@@ -159,3 +167,64 @@ def test_a_bad_bound_stops_start_up_naming_it(tmp_path, capsys, flag, value, com
     err = capsys.readouterr().err
     assert code == 2 and complaint in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+# ---- the second round: one connection must not exhaust the guard ---------------------------------------------
+
+def within_bounds(mem: Memory, prober: Prober) -> None:
+    assert mem.growth_mib < 64, mem.growth_mib
+    assert prober.answered == prober.asked > 0, f"{prober.answered}/{prober.asked}"
+    assert prober.worst < 5.0, prober.worst  # a real review and /healthz keep being answered (1 s when quiet)
+
+
+@pytest.mark.parametrize("how", ["tls", "metrics", "unread"])
+def test_pipelined_requests_on_one_connection_are_cut_off(guard, how) -> None:
+    port = guard.metrics_port if how == "metrics" else None
+    outcome, mem, prober = attacked(guard, lambda: pipeline(guard, port=port, seconds=3.0, read=how != "unread"))
+    assert outcome["closed_by_guard"], outcome
+    within_bounds(mem, prober)
+
+
+def test_connections_dropped_without_close_notify_are_released_at_once(guard) -> None:
+    outcome, mem, prober = attacked(guard, lambda: abrupt_closes(guard, 600))
+    assert outcome["open_after_2s"] <= 2 and outcome["capacity_closes"] == 0, outcome  # 2: the prober's
+    within_bounds(mem, prober)
+
+
+def test_an_endless_trailer_is_refused_within_the_header_budget(guard) -> None:
+    outcome, mem, prober = attacked(guard, lambda: endless_trailer(guard, 16 * MiB))
+    assert outcome["answer"].startswith("HTTP/1.1 431") or outcome["answer"] == "connection closed", outcome
+    within_bounds(mem, prober)
+
+
+def test_websocket_upgrades_are_refused_and_leave_no_connection_counted(guard) -> None:
+    outcome, mem, prober = attacked(guard, lambda: websocket_upgrades(guard, 200))
+    assert outcome["answers"] == {"HTTP/1.1 400 Bad Request": 200}, outcome
+    assert outcome["open_after_2s"] <= 2 and outcome["capacity_closes"] == 0, outcome
+    within_bounds(mem, prober)
+
+
+def test_an_event_flood_drops_only_events_past_the_budget(tmp_path) -> None:
+    g = Guard(ROOT, tmp_path, snapshot=flood_snapshot(2000))
+    try:
+        outcome, mem, prober = attacked(g, lambda: event_flood(g, 2000))
+        assert outcome["denied"] == 2000
+        assert set(outcome["dropped"]) <= {"event"} and outcome["dropped"].get("event", 0) > 0, outcome
+        assert outcome["annotations_done"] >= 2000, outcome
+        within_bounds(mem, prober)
+    finally:
+        g.stop()
+
+
+def test_forged_allows_share_their_reads_and_are_bounded_per_second(tmp_path) -> None:
+    with fake_cluster(tmp_path) as (api, kubeconfig):
+        g = Guard(ROOT, tmp_path, kubeconfig=kubeconfig)
+        try:
+            outcome, mem, prober = attacked(g, lambda: reread_amplification(g, api, 800))
+            assert outcome["allowed"] == 800, outcome
+            # at most the bucket (20) plus 20 per second of the attack, and one per request never
+            assert outcome["vmi_lists"] <= 20 + 20 * (outcome["took_s"] + 1), outcome
+            assert outcome["over_budget"] > 0, outcome
+            within_bounds(mem, prober)
+        finally:
+            g.stop()

@@ -192,7 +192,7 @@ def test_not_a_certificate_stops_startup(tmp_path, snapshot) -> None:
     assert r.returncode == 2 and "not a PEM certificate" in r.stderr
 
 
-def test_client_ca_only_lets_the_api_server_in(tmp_path, snapshot) -> None:
+def test_client_ca_only_lets_the_api_server_in_and_probes_need_no_certificate(tmp_path, snapshot) -> None:
     server = write_certs(issue_certs("g", "n"), tmp_path / "server")
     apiserver = write_certs(issue_certs("kube-apiserver", "kube-system", client_auth=True), tmp_path / "client")  # CA + a cert it signed
     g = GuardProcess(tmp_path, ["--snapshot", str(snapshot), "--client-ca", str(apiserver["ca"])], certs=server)
@@ -209,9 +209,17 @@ def test_client_ca_only_lets_the_api_server_in(tmp_path, snapshot) -> None:
                     if time.monotonic() > deadline or g.proc.poll() is not None:
                         raise
                     time.sleep(0.2)
+        # no certificate (a kubelet probe): the probes answer, the admission paths do not
         with httpx.Client(base_url=g.url, verify=ssl.create_default_context(cafile=str(server["ca"])), timeout=5) as anon:
-            with pytest.raises(httpx.TransportError):
-                anon.post("/mutate", content=BODY, headers={"Content-Type": "application/json"})
+            refused = anon.post("/mutate", content=BODY, headers={"Content-Type": "application/json"})
+            assert refused.status_code == 403 and "client certificate" in refused.json()["error"]
+            assert anon.get("/healthz").status_code == 200
+        # a certificate from another CA fails the handshake
+        stranger = write_certs(issue_certs("mallory", "x", client_auth=True), tmp_path / "stranger")
+        other = ssl.create_default_context(cafile=str(server["ca"]))
+        other.load_cert_chain(str(stranger["cert"]), str(stranger["key"]))
+        with httpx.Client(base_url=g.url, verify=other, timeout=5) as c, pytest.raises(httpx.TransportError):
+            c.post("/mutate", content=BODY, headers={"Content-Type": "application/json"})
     finally:
         g.stop()
 

@@ -285,3 +285,16 @@ def test_metrics_port_in_use_is_a_startup_error_naming_it(mounted, tmp_path):
         )
     assert done.returncode == 2
     assert f"--metrics-port {busy}: cannot listen" in done.stderr
+
+
+def test_with_a_metrics_port_the_webhook_port_does_not_serve_metrics(guard):
+    _, _, port, _, _, metrics_port = guard
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 404
+    finally:
+        conn.close()
+    assert "kubevirt_eviction_guard_decisions_total" in scrape(metrics_port)

@@ -25,6 +25,7 @@ from fastapi.responses import Response
 
 from app.admission import review as rv
 from app.admission.asgi import AdmissionEndpoint, GuardApp
+from app.admission.reads import ReadRefused, SharedReads
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.metrics import Metrics
@@ -56,6 +57,21 @@ class GuardContext:
     # rule 8 read again before an allow (blocking; None in snapshot mode): node -> the view with its VMIs fresh
     fresh_view: Callable[[str], ClusterView] | None = None
     fresh_view_timeout: float = 2.0
+    fresh_reads_per_second: float = 20.0  # reads before an allow, all nodes together (cluster.fresh.SharedReads)
+    # time.monotonic() of the HTTPS port's event loop's last heartbeat (serve.GuardServer); None: not beating
+    webhook_beat: float | None = None
+    stalled_after: float = 5.0  # seconds without a heartbeat after which /healthz and /readyz fail
+
+
+def stalled(ctx: GuardContext) -> float | None:
+    """Seconds since the HTTPS loop last beat, when that is past ``stalled_after`` (else None). Probes answered on
+    that loop itself cannot see it stalled (they are simply not answered); probes on the metrics port's own loop
+    can, through this."""
+    beat = ctx.webhook_beat
+    if beat is None:
+        return None
+    quiet = time.monotonic() - beat
+    return quiet if quiet > ctx.stalled_after else None
 
 
 def _json(status: int, payload: dict) -> Response:
@@ -98,11 +114,22 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
             log.exception("policy failed; allowing", extra={"uid": review.uid})
             return Decision(allowed=True, reason="internal_error", message="guard error; failing open")
 
+    reads = SharedReads(ctx.fresh_view, ctx.fresh_reads_per_second, ctx.fresh_reads_per_second) \
+        if ctx.fresh_view is not None else None
+    refused_logged = [float("-inf")]
+
     async def confirmed(review: rv.Review, decision: Decision, now: float, started: float) -> tuple[int, bytes]:
         """Rule 8 again over the node's VMIs as the API server has them now (a mark the watch has not brought yet)."""
         node = decision.budget_node
         try:
-            fresh = await asyncio.wait_for(asyncio.to_thread(ctx.fresh_view, node), ctx.fresh_view_timeout)  # type: ignore[arg-type]
+            fresh = await asyncio.wait_for(asyncio.shield(reads.view_of(node)), ctx.fresh_view_timeout)  # type: ignore[union-attr,arg-type]
+        except ReadRefused as e:  # past the bound: fail open, counted, a warning at most every 10 s
+            metrics.leaver_reads_by("over_budget").inc()
+            if time.monotonic() - refused_logged[0] > 10:
+                refused_logged[0] = time.monotonic()
+                log.warning("not reading the VMIs of node %s again before allowing (%s); the cached answer stands",
+                            node, e, extra={"uid": review.uid})
+            return finish(review, decision, started)
         except Exception as e:  # the store's answer stands: fail open, and say so
             metrics.leaver_reads_by("failed").inc()
             why = f"no answer within {ctx.fresh_view_timeout:g}s" if isinstance(e, TimeoutError) else f"{e}"[:200]
@@ -133,12 +160,18 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> Response:
+        quiet = stalled(ctx)
+        if quiet is not None:
+            return _json(503, {"status": "webhook port stalled", "seconds": round(quiet, 1)})
         return _json(200, {"status": "ok"})
 
     @app.get("/readyz")
     async def readyz() -> Response:
         if ctx.shutting_down:
             return _json(503, {"ready": False, "reason": "shutting down"})
+        quiet = stalled(ctx)
+        if quiet is not None:
+            return _json(503, {"ready": False, "reason": f"webhook port stalled for {quiet:.1f}s"})
         health = ctx.health(ctx.clock())
         if health.ready:
             return _json(200, {"ready": True, "stale": sorted(health.stale)})

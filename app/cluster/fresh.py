@@ -15,8 +15,8 @@ evacuation controller, long after the watch has delivered the mark. VMIs are sel
 ``kubevirt.io/nodeName``, which KubeVirt keeps equal to ``status.nodeName``; the records are filtered by
 ``status.nodeName`` as well.
 
-It costs one API call per allowed descheduler eviction (the rare answer: most are refused) and none for denials,
-drains or other clients. If the read fails or takes longer than its timeout, the store's answer stands: the guard
+It costs at most one API call per allowed descheduler eviction (the rare answer: most are refused) and none for
+denials, drains or other clients; ``app.admission.reads`` shares the reads of one node and bounds them per second. If the read fails or takes longer than its timeout, the store's answer stands: the guard
 fails open, and says so (``leaver_reads_total{result="failed"}``, a warning).
 """
 

@@ -28,6 +28,12 @@ the aggregation is one merge patch of three fields. events.k8s.io/v1 would need
 the ``series`` protocol (a series only from the second occurrence, with its own
 heartbeat rules) for the same result on the same storage.
 
+Writes are bounded globally too: forged reviews of thousands of distinct VMs are thousands of series, each
+entitled to its first write at once. At most ``budget`` Event writes per second leave (a token bucket holding
+``budget_burst``); a flush past it drops its occurrences and counts them
+(``side_effects_dropped_total{kind="event"}``, outcome ``over_budget``). Nothing else is dropped for it: the
+annotation and history jobs have their own lane in the queue.
+
 State is bounded: at most ``max_series`` series are remembered (least recently
 used evicted); a forgotten series simply starts a new Event. If the Event
 expired (the API server's event TTL, 1h by default), the patch gets a 404 and
@@ -64,6 +70,27 @@ CONFIRM_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0)  # seconds between looks for the mig
 CONFIRM_SKEW = 5.0  # seconds a VMIM's creationTimestamp (the API server's clock) may read earlier than ours
 DEFAULT_INTERVAL = 60.0
 DEFAULT_MAX_SERIES = 4096
+DEFAULT_BUDGET = 10.0  # Event writes per second, all series together
+DEFAULT_BUDGET_BURST = 100
+
+
+class TokenBucket:
+    """``rate`` per second, at most ``burst`` saved up; thread-safe."""
+
+    def __init__(self, rate: float, burst: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.monotonic = rate, burst, monotonic
+        self.tokens, self.at = burst, monotonic()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = self.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            if self.tokens < 1:
+                return False
+            self.tokens -= 1
+            return True
 
 
 def requester_text(review: Review) -> str:
@@ -136,8 +163,11 @@ class EventRecorder:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         instance: str = "",
+        budget: float = DEFAULT_BUDGET,
+        budget_burst: float = DEFAULT_BUDGET_BURST,
     ) -> None:
         self.api = api
+        self.budget = TokenBucket(budget, budget_burst, monotonic)
         self.queue = queue
         self.metrics = metrics
         self.interval = interval
@@ -211,6 +241,9 @@ class EventRecorder:
             name, written, previous_write = s.event_name, s.written, s.last_write
             s.pending = 0
             s.last_write = self.monotonic()  # the rate limit runs from the attempt
+        if not self.budget.take():
+            self.metrics.side_effects_dropped_by(KIND).inc()
+            return "over_budget"
         try:
             name, written = self._write(s, name, written, taken, first, last, message)
         except Exception:

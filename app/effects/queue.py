@@ -11,6 +11,12 @@ state, and every job re-reads the store when it runs, so an old job is the
 least valuable one to keep. Every drop is counted (``side_effects_dropped_total``); the warning
 comes at the first drop and then at most every ``DROP_LOG_INTERVAL`` seconds, with the count since the last.
 
+Why two lanes: Events are the one effect anyone who reaches the port can multiply (a forged review of each of
+thousands of VMs); the annotation and history jobs keep the state the policy reads across restarts and must not
+be crowded out by them. Event jobs (kind ``event``) are bounded to ``capacity``, all others separately to
+``state_capacity`` (ten times as many by default: they are keyed by real objects, one per pod or VMI at most, a
+few hundred bytes each), and a full lane drops its own oldest job only.
+
 Why keyed: a descheduler loop asks about the same pod again and again. A job
 whose key is already waiting is not queued twice; the waiting one will see the
 latest state when it runs.
@@ -39,6 +45,7 @@ from app.backoff import Backoff
 from app.metrics import Metrics
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
+EVENT = "event"  # the kind of the jobs in the Event lane
 DROP_LOG_INTERVAL = 10.0  # seconds between "queue full" warnings while the queue stays full
 
 
@@ -76,11 +83,13 @@ class EffectQueue:
         backoff: Backoff = Backoff(),
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
+        state_capacity: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.metrics = metrics
         self.capacity = capacity
+        self.state_capacity = state_capacity or 10 * capacity
         self.max_attempts = max_attempts
         self.backoff = backoff
         self.clock = clock
@@ -90,6 +99,7 @@ class EffectQueue:
         # in ``_live``) until it reaches the top or the heap is compacted.
         self._heap: list[_Entry] = []
         self._live: OrderedDict[int, _Entry] = OrderedDict()
+        self._lanes: dict[bool, OrderedDict[int, _Entry]] = {True: OrderedDict(), False: OrderedDict()}  # event?
         self._keys: set[Hashable] = set()
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -110,21 +120,25 @@ class EffectQueue:
         with self._cond:
             if job.key in self._keys:
                 return False
-            if len(self._live) >= self.capacity:
-                self._drop_oldest()
+            event = job.kind == EVENT
+            lane = self._lanes[event]
+            if len(lane) >= (self.capacity if event else self.state_capacity):
+                self._drop_oldest(lane)
             entry = _Entry(self.clock() + delay, next(self._seq), job, attempt)
             heapq.heappush(self._heap, entry)
             self._live[entry.seq] = entry
+            lane[entry.seq] = entry
             self._keys.add(job.key)
             self._depth.set(len(self._live))
             if self._heap[0] is entry:  # due before what the worker waits for: wake it. Otherwise leave it asleep
                 self._cond.notify()  # (a wake-up per submit costs the request path a GIL hand-over each time)
             return True
 
-    def _drop_oldest(self) -> None:
-        """Drop the job submitted first (lowest sequence number), whatever its ready time: O(1), its heap
+    def _drop_oldest(self, lane: OrderedDict[int, _Entry]) -> None:
+        """Drop the lane's job submitted first (lowest sequence number), whatever its ready time: O(1), its heap
         entry becomes a tombstone."""
-        _, entry = self._live.popitem(last=False)
+        seq, entry = lane.popitem(last=False)
+        del self._live[seq]
         self._keys.discard(entry.job.key)
         if len(self._heap) > 2 * len(self._live) + 64:  # mostly tombstones: rebuild (amortised O(1) per drop)
             self._heap = [e for e in self._heap if e.seq in self._live]
@@ -136,7 +150,7 @@ class EffectQueue:
         now = time.monotonic()
         if now >= self._next_drop_log:
             log.warning("side-effect queue full; dropped the oldest job", extra={
-                "kind": entry.job.kind, "capacity": self.capacity, "dropped": self._dropped_unlogged})
+                "kind": entry.job.kind, "capacity": len(lane) + 1, "dropped": self._dropped_unlogged})
             self._dropped_unlogged, self._next_drop_log = 0, now + DROP_LOG_INTERVAL
 
     def _head(self) -> _Entry | None:
@@ -199,6 +213,7 @@ class EffectQueue:
     def _pop(self) -> _Entry:
         entry = heapq.heappop(self._heap)  # callers checked _head(): the top is live
         del self._live[entry.seq]
+        del self._lanes[entry.job.kind == EVENT][entry.seq]
         self._keys.discard(entry.job.key)  # a new submit may queue it again meanwhile
         self._depth.set(len(self._live))
         self._busy = True

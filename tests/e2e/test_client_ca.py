@@ -75,15 +75,15 @@ def mtls(control_plane, e2e_dir, guard) -> Iterator[Mtls]:
         uninstall_chart(inst)
 
 
-def handshake(address: str, port: int, server_name: str, ca, cert: tuple | None) -> str:
-    """A TLS connection to the guard and one HTTP request; "200" or what ended it."""
+def handshake(address: str, port: int, server_name: str, ca, cert: tuple | None, path: str = "/readyz") -> str:
+    """A TLS connection to the guard and one HTTP GET of ``path``; the status or what ended it."""
     ctx = ssl.create_default_context(cafile=str(ca))
     if cert:
         ctx.load_cert_chain(str(cert[0]), str(cert[1]))
     try:
         with socket.create_connection((address, port), timeout=5) as raw, \
                 ctx.wrap_socket(raw, server_hostname=server_name) as tls:
-            tls.sendall(f"GET /readyz HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n".encode())
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n".encode())
             data = tls.recv(4096)  # a TLS 1.3 server's refusal of the client's certificate arrives here
             return data.split(b" ", 2)[1].decode() if data else "closed"
     except (ssl.SSLError, ConnectionError) as e:
@@ -116,29 +116,39 @@ def test_evictions_answered_with_the_api_servers_certificate_and_others_refused_
     assert g.metric(DECISIONS) == before + 1
 
     # at the guard's port, as the API server reaches it (the Service's DNS name is what its certificate names): only
-    # a client with a certificate from the client CA gets an answer; the others' handshakes end it (counted)
+    # a client with a certificate from the client CA reaches the admission paths (GET /mutate: 405 from the app);
+    # without a certificate the answer is 403 (counted as client_certificate), and a certificate of another CA
+    # ends the handshake (counted as tls_handshake). Probes need no certificate: /readyz answers a kubelet-like
+    # client (no verification, no certificate) on the same port.
     ca = inst.certs["ca"]
     answers = {}
-    for who, cert in (("the API server's certificate", cp.webhook_client_cert), ("no certificate", None),
-                      ("a certificate of another CA", (cp.dir / "admin.crt", cp.dir / "admin.key"))):
-        closed = g.metric(CLOSED, listener="webhook", reason="tls_handshake")
-        answer = handshake(mtls.address, g.port, MTLS_WEBHOOK_HOST, ca, cert)
-        if answer != "200":  # the count is written after the connection ends: wait for it
-            eventually(lambda c=closed: g.metric(CLOSED, listener="webhook", reason="tls_handshake") > c, 5,
-                       "the refused handshake counted")
-        answers[who] = (answer, int(g.metric(CLOSED, listener="webhook", reason="tls_handshake") - closed))
-    assert answers["the API server's certificate"] == ("200", 0), answers
-    for who in ("no certificate", "a certificate of another CA"):
-        answer, refused = answers[who]
-        # no HTTP answer: the guard ends the connection without a TLS alert (its TLS layer, uvloop's, aborts)
-        assert refused == 1 and answer.startswith(("closed", "SSLError", "ConnectionResetError")), (who, answer)
-    assert g.readyz() == (200, {"ready": True, "stale": []})  # the plain port, as the chart's probes
+    for who, cert, reason in (("the API server's certificate", cp.webhook_client_cert, "tls_handshake"),
+                              ("no certificate", None, "client_certificate"),
+                              ("a certificate of another CA", (cp.dir / "admin.crt", cp.dir / "admin.key"),
+                               "tls_handshake")):
+        closed = g.metric(CLOSED, listener="webhook", reason=reason)
+        answer = handshake(mtls.address, g.port, MTLS_WEBHOOK_HOST, ca, cert, path="/mutate")
+        if answer != "405":  # the count is written after the connection ends: wait for it
+            eventually(lambda c=closed, r=reason: g.metric(CLOSED, listener="webhook", reason=r) > c, 5,
+                       f"the refusal counted as {reason}")
+        answers[who] = (answer, int(g.metric(CLOSED, listener="webhook", reason=reason) - closed))
+    assert answers["the API server's certificate"] == ("405", 0), answers
+    assert answers["no certificate"] == ("403", 1), answers
+    answer, refused = answers["a certificate of another CA"]
+    # no HTTP answer: the guard ends the connection without a TLS alert (its TLS layer, uvloop's, aborts)
+    assert refused == 1 and answer.startswith(("closed", "SSLError", "ConnectionResetError")), answer
+    kubelet = ssl.create_default_context()
+    kubelet.check_hostname, kubelet.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((mtls.address, g.port), timeout=5) as raw, kubelet.wrap_socket(raw) as probe:
+        probe.sendall(b"GET /readyz HTTP/1.1\r\nHost: guard\r\nConnection: close\r\n\r\n")
+        assert probe.recv(4096).split(b" ", 2)[1] == b"200"  # the chart's probes: the webhook port, no certificate
+    assert g.readyz() == (200, {"ready": True, "stale": []})
 
     # the kubeconfig entry is what makes the API server present it: with service.port 8443 the webhook's host is
     # "<service>.<namespace>.svc:8443", no entry names it, the API server calls without a certificate, the guard
-    # ends the handshake, and the eviction fails open (failurePolicy Ignore), as docs/install.md warns
+    # answers 403, and the eviction fails open (failurePolicy Ignore), as docs/install.md warns
     helm(cp, "upgrade", MTLS_RELEASE, str(CHART), "-n", MTLS_NAMESPACE, "--reuse-values", "--set", "service.port=8443")
-    closed = g.metric(CLOSED, listener="webhook", reason="tls_handshake")
+    closed = g.metric(CLOSED, listener="webhook", reason="client_certificate")
     code, body = cluster.evict(ns, vm.pod_name, dry_run=True, descheduler=True)
     assert code == 201, body
     opened = cluster.audit_of_eviction(ns, vm.pod_name, after=1)["annotations"]
@@ -148,16 +158,17 @@ def test_evictions_answered_with_the_api_servers_certificate_and_others_refused_
                                if "failing open" in line and f"{MTLS_WEBHOOK_HOST}:8443" in line], 10,
                       "the API server's log line of the failed call")
     assert f"{inst.webhook_name}/reason" not in opened, opened
-    assert g.metric(CLOSED, listener="webhook", reason="tls_handshake") > closed
-    assert g.metric(DECISIONS) == before + 1  # the guard never saw that review
+    assert g.metric(CLOSED, listener="webhook", reason="client_certificate") > closed
+    assert g.metric(DECISIONS) == before + 1  # the guard never judged that review
     detail["detail"] = (f"release {MTLS_RELEASE} (webhook -> Service {MTLS_WEBHOOK_HOST}:443 -> EndpointSlice "
                         f"{mtls.address}:{g.port}), then `{mtls.upgrade}`: guard runs with --client-ca; kube-apiserver "
                         "with --admission-control-config-file (WebhookAdmissionConfiguration kubeconfig, user "
                         f"{MTLS_WEBHOOK_HOST}): a launcher pod's eviction answered by this guard (audit: "
                         f"{inst.webhook_name}/reason=allowed, no failed-open); at its port: "
-                        + ", ".join(f"{who}: {a} ({n} handshake(s) refused)" for who, (a, n) in answers.items())
-                        + "; probes on the plain port 200. With service.port 8443 (no kubeconfig entry for "
-                        f"{MTLS_WEBHOOK_HOST}:8443) the API server called without a certificate: handshake refused, "
+                        + ", ".join(f"{who}: GET /mutate {a} ({n} counted refusal(s))" for who, (a, n) in answers.items())
+                        + "; a probe without a certificate on the webhook port 200. With service.port 8443 (no "
+                        f"kubeconfig entry for {MTLS_WEBHOOK_HOST}:8443) the API server called without a certificate: "
+                        "403, "
                         f"eviction failed open (audit {next(iter(failed_open))}); the API server logged: "
                         + said[-1][said[-1].index("failed to call webhook"):])
 

@@ -63,18 +63,32 @@ def test_equal_keys_are_queued_once():
     assert q.submit(second) is True  # once run, the key may be queued again
 
 
-def test_full_queue_drops_the_oldest_job_and_counts_it():
+def test_a_full_lane_drops_its_own_oldest_job_and_counts_it():
     m = Metrics()
-    q = EffectQueue(m, capacity=3, clock=FakeClock())
-    jobs = [Job(i, kind="event" if i == 0 else "annotation") for i in range(5)]
+    q = EffectQueue(m, capacity=3, clock=FakeClock(), state_capacity=3)
+    jobs = [Job(i, kind="annotation") for i in range(5)]
     for j in jobs:
         q.submit(j)
     assert len(q) == 3
     while q.run_once():
         pass
     assert [j.runs for j in jobs] == [0, 0, 1, 1, 1]
-    assert sample(m, "side_effects_dropped_total", kind="event") == 1
-    assert sample(m, "side_effects_dropped_total", kind="annotation") == 1
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 2
+
+
+def test_an_event_flood_drops_only_events():
+    m = Metrics()
+    q = EffectQueue(m, capacity=10, clock=FakeClock())
+    kept = [Job(("a", i), kind="annotation") for i in range(5)] + [Job(("h", i), kind="history") for i in range(5)]
+    for i, j in enumerate(kept):
+        q.submit(j)
+        for k in range(1000):
+            q.submit(Job((i, k), kind="event"))
+    while q.run_once():
+        pass
+    assert all(j.runs == 1 for j in kept)
+    assert sample(m, "side_effects_dropped_total", kind="event") == 10 * 1000 - 10
+    assert sample(m, "side_effects_dropped_total", kind="annotation") == 0
 
 
 def test_delayed_job_waits_for_its_time():
@@ -163,7 +177,7 @@ def test_a_queue_kept_full_keeps_the_newest_jobs_in_ready_order_and_stays_bounde
     """Dropping the oldest is O(1) (the heap keeps tombstones); many drops must neither lose live jobs,
     nor run a dropped one, nor let the tombstones pile up."""
     clock, m = FakeClock(), Metrics()
-    q = EffectQueue(m, capacity=5, clock=clock)
+    q = EffectQueue(m, capacity=5, clock=clock, state_capacity=5)
     jobs = [Job(i) for i in range(1000)]
     for i, j in enumerate(jobs):
         q.submit(j, delay=(1000 - i) % 7)  # ready times out of submission order
@@ -180,7 +194,7 @@ def test_a_queue_kept_full_keeps_the_newest_jobs_in_ready_order_and_stays_bounde
 
 def test_a_queue_that_stays_full_warns_once_with_a_count_not_once_per_drop(caplog):
     m = Metrics()
-    q = EffectQueue(m, capacity=2, clock=FakeClock())
+    q = EffectQueue(m, capacity=2, clock=FakeClock(), state_capacity=2)
     with caplog.at_level("WARNING", logger="kubevirt_eviction_guard.effects"):
         for i in range(102):
             q.submit(Job(i))

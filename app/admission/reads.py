@@ -1,0 +1,79 @@
+"""Reads before an allow (``app.cluster.fresh``), shared per node and bounded per second, on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class ReadRefused(Exception):
+    """More reads per second than the bound: the store's answer stands."""
+
+
+class SharedReads:
+    """``view_of(node)`` (blocking) shared and bounded, for the event loop: a future of the node's fresh view.
+
+    Forged reviews that the policy would allow each ask for a read; unchecked, one client makes the guard list
+    VMIs hundreds of times a second. So there is at most one read in flight per node, and requests that come
+    while it runs share the *next* read, started when it ends (not the one in flight: it may have been sent
+    before the mark they must see was written). And at most ``per_second`` reads start per second (a token
+    bucket holding ``burst``); past that the future fails with ``ReadRefused`` and the caller fails open,
+    visibly. Call from the event loop's thread only.
+    """
+
+    def __init__(self, read, per_second: float = 20.0, burst: float = 20.0, monotonic=None) -> None:
+        self.read = read
+        self.per_second, self.burst = per_second, burst
+        self.monotonic = monotonic or time.monotonic
+        self.tokens, self.at = burst, self.monotonic()
+        self._inflight: dict[str, object] = {}
+        self._next: dict[str, object] = {}
+
+    def view_of(self, node: str):
+        waiting = self._next.get(node)
+        if waiting is not None:
+            return waiting
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        future.add_done_callback(_retrieved)
+        if node in self._inflight:
+            self._next[node] = future
+        else:
+            self._start(node, future)
+        return future
+
+    def _take(self) -> bool:
+        now = self.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def _start(self, node: str, future) -> None:
+        if not self._take():
+            future.set_exception(ReadRefused(f"more than {self.per_second:g} reads per second"))
+            return
+        self._inflight[node] = future
+        task = asyncio.get_running_loop().run_in_executor(None, self.read, node)
+        task.add_done_callback(lambda done: self._done(node, future, done))
+
+    def _done(self, node: str, future, done) -> None:
+        del self._inflight[node]
+        if not future.done():
+            if done.cancelled():
+                future.cancel()
+            elif done.exception() is not None:
+                future.set_exception(done.exception())
+            else:
+                future.set_result(done.result())
+        waiting = self._next.pop(node, None)
+        if waiting is not None and not waiting.done():
+            self._start(node, waiting)
+
+
+def _retrieved(future) -> None:
+    """Every waiter may have timed out: the outcome is still looked at, so asyncio does not warn about it."""
+    if not future.cancelled():
+        future.exception()
