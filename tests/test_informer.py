@@ -377,6 +377,7 @@ def test_the_kubevirt_cr_is_watched_and_a_change_reaches_a_decision(api, guard):
     api.put(own)
     api.put(kubevirt_cr("LiveMigrate", outbound=1))
     watch, http, _ = guard()
+    assert watch.wait_synced(60)  # every kind listed (a hang guard): before that the answer is cache_not_ready
     eventually(lambda: watch.store.kubevirt() is not None, what="the KubeVirt CR")
     assert watch.store.kubevirt().effective_outbound_per_node == 1 and reason(http) == "allowed"
     api.put(kubevirt_cr("None"))
