@@ -186,10 +186,10 @@ def test_probes_and_graceful_termination():
     c = container(docs)
     https_port = next(p for p in c["ports"] if p["name"] == "https")["containerPort"]
     assert https_port == 8443
-    # the plain port: a kubelet probe has no client certificate for clientCA's HTTPS port
+    # the webhook's own port: its probes fail when it stops answering (no client certificate needed for them)
     for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = c[probe]["httpGet"]
-        assert (get["path"], get["port"], get["scheme"]) == (path, "metrics", "HTTP"), probe
+        assert (get["path"], get["port"], get["scheme"]) == (path, "https", "HTTPS"), probe
     # the startup probe gives the guard time to list the cluster before liveness can kill it
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 30
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
@@ -774,7 +774,7 @@ def test_client_ca_value_turns_on_client_certificates(source):
     assert args.client_ca == f"{mounts['client-ca']}/ca.pem"
     volume = next(v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-ca")
     assert (volume.get("secret") or {}).get("secretName", (volume.get("configMap") or {}).get("name")) == "apiserver-client-ca"
-    assert c["readinessProbe"]["httpGet"]["port"] == "metrics"  # probes need no client certificate
+    assert c["readinessProbe"]["httpGet"]["port"] == "https"  # probes need no client certificate, even so
     with pytest.raises(helm.HelmError, match="clientCA.name is required"):
         render({"clientCA": {"source": source}})
 
