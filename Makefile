@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs e2e e2e-bin e2e-outcome
+.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs e2e e2e-bin e2e-outcome image
 
 setup: $(STAMP)
 
@@ -112,6 +112,11 @@ bench: $(BENCH_STAMP)
 # Write the newest three `make bench` results into docs/performance.md (between its bench markers).
 bench-doc: $(STAMP)
 	$(PY) -m bench.doc $$(ls -1 bench/results/bench-*.json | tail -n 3) --doc docs/performance.md
+
+# The image as an OCI archive, build/image/kubevirt-eviction-guard.oci.tar, from Debian packages (mmdebstrap, umoci;
+# root) by the recipe the Dockerfile follows (image/); rebuilt only when image/, app/ or the pins change.
+image:
+	bash image/build.sh
 
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
 # into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,

@@ -14,6 +14,8 @@ Isolation by construction, not by rules:
   the range set aside for benchmark tests, checked free here) are the test's; the pod range sits on the namespace's
   bridge, the service range on a blackhole route inside it, so a packet to either can only stay inside. The test reaches
   the API server over the veth pair;
+- kubelet finds the machine-wide sysctls it wants in place (``KUBELET_SYSCTLS``, bind mounts in its mount
+  namespace) and, with ``protectKernelDefaults``, never writes them;
 - every daemon runs in one mount namespace (an ``unshare`` holder process entered by ``nsenter``), with fresh
   tmpfs over ``/run``, ``/var/lib`` and ``/var/log``: containerd's and kubelet's state, the CNI plugins'
   ``/var/lib/cni``, pod logs and the pods' network namespaces live and die there (kubelet's volume mounts too);
@@ -49,6 +51,12 @@ IMAGE_ARCHIVE = ROOT / "build" / "image" / "kubevirt-eviction-guard.oci.tar"
 IMAGE_REPOSITORY = "localhost/kubevirt-eviction-guard"
 PAUSE_REPOSITORY = "localhost/pause"
 SERVICE_CIDR = "10.96.0.0/16"  # ControlPlane's --service-cluster-ip-range
+# Machine-wide sysctls kubelet wants (k8s.io/kubernetes pkg/kubelet/cm setupKernelTunables): it would write them
+# (protectKernelDefaults false) or refuse to start (true). Inside the node's mount namespace each path is a bind mount
+# of a file saying what kubelet wants, and protectKernelDefaults is true: kubelet reads, finds, never writes.
+KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
+                   "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
+                   "kernel/keys/root_maxbytes": "25000000"}
 # what the session's node was (versions, start time, what it left behind): build/e2e/summary.json's "node"
 NODE_INFO: dict = {}
 
@@ -111,6 +119,7 @@ def kernel_state() -> dict:
         "links": sorted(link["ifname"] for link in json.loads(run("ip", "-j", "link", "show"))),
         "netns": sorted(run("ip", "netns", "list").split()),
         "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
+        "sysctls": {k: Path(f"/proc/sys/{k}").read_text().strip() for k in KUBELET_SYSCTLS},
         "paths": sorted(p for p in ("/var/lib/kubelet", "/var/lib/cni", "/var/lib/containerd", "/run/containerd",
                                     "/var/log/pods", "/var/log/containers", "/etc/cni/net.d") if os.path.exists(p)),
         "mounts": sorted(line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
@@ -214,7 +223,11 @@ class Node:
             "echo $$ > $h/cgroup.procs; done; "
             "mount -t tmpfs -o mode=755 kveg-run /run && mkdir -p /run/netns && "
             "mount -t tmpfs -o mode=755 kveg-varlib /var/lib && mount -t tmpfs -o mode=755 kveg-varlog /var/log && "
-            "echo ready && exec sleep infinity"
+            "mkdir /run/kveg-sysctl && "
+            + "".join(f"echo {v} > /run/kveg-sysctl/{k.replace('/', '.')} && "
+                      f"mount --bind /run/kveg-sysctl/{k.replace('/', '.')} /proc/sys/{k} && "
+                      for k, v in KUBELET_SYSCTLS.items())
+            + "echo ready && exec sleep infinity"
         )
         self.holder = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{self.netns}", "unshare", "--mount", "--propagation", "slave",
@@ -315,7 +328,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{self.cgroup_name}",
-            "failSwapOn": False, "address": self.node_ip, "port": free_port(), "readOnlyPort": 0,
+            "failSwapOn": False, "protectKernelDefaults": True, "address": self.node_ip, "port": free_port(), "readOnlyPort": 0,
             "healthzPort": 0, "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                                "x509": {"clientCAFile": str(self.cp.ca_path)}},
