@@ -29,7 +29,7 @@ if ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null; then
 fi
 mkdir -p "$OUT"
 work=$(mktemp -d "$OUT/work.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf --one-file-system "$work"' EXIT
 src=$(pwd)
 list() { sed -e 's/#.*//' "$1" | tr -s ' \n' ','; }
 # debian:bookworm-slim's sources and the path excludes of its slim variant (debuerreotype's slimify)
@@ -76,14 +76,14 @@ rm -rf "$work/bundle/rootfs" && mv "$work/rootfs" "$work/bundle/rootfs"
 umoci repack --image "$layout:$TAG" "$work/bundle"
 cfg=(--author kubevirt-eviction-guard --config.workingdir / --clear=config.env --clear=config.entrypoint
      --clear=config.cmd --clear=config.exposedports)
-while IFS='=' read -r key value; do
-  case "$key" in
+while IFS='=' read -r name value; do
+  case "$name" in
     USER) cfg+=(--config.user "$value") ;;
     ENTRYPOINT) for word in $value; do cfg+=(--config.entrypoint "$word"); done ;;
     ENV) cfg+=(--config.env "$value") ;;
     EXPOSE) cfg+=(--config.exposedports "$value") ;;
     ""|\#*) ;;
-    *) echo "image/config: unknown key $key" >&2; exit 2 ;;
+    *) echo "image/config: unknown key $name" >&2; exit 2 ;;
   esac
 done < image/config
 umoci config --image "$layout:$TAG" "${cfg[@]}" \

@@ -34,6 +34,9 @@ from tests.e2e.guard import CHART, helm
 from tests.e2e.node import IMAGE_ARCHIVE, IMAGE_REPOSITORY, NODE_INFO, Node, versions
 from tests.live_support import eventually
 
+# the image build (minutes when cold) and the node's start are in the first test's fixtures
+pytestmark = pytest.mark.timeout(1800)
+
 RELEASE, NAMESPACE = "guard", "kubevirt-eviction-guard"
 FULLNAME = f"{RELEASE}-kubevirt-eviction-guard"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
