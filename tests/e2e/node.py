@@ -364,7 +364,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
             "--use-service-account-credentials=true",
             "--service-account-private-key-file", str(self.cp.dir / "sa.key"),
             "--root-ca-file", str(self.cp.ca_path), "--cluster-name", "kveg",
-            "--controllers", "*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
             "--node-monitor-grace-period", "40s",
         ])
         proxy = self._issue("kube-proxy", "system:kube-proxy")
@@ -372,7 +371,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "mode": "iptables", "clusterCIDR": self.pod_cidr, "hostnameOverride": self.NAME,
             "bindAddress": self.node_ip, "clientConnection": {"kubeconfig": str(proxy)},
-            "healthzBindAddress": "127.0.0.1:0", "metricsBindAddress": "127.0.0.1:0",
+            "healthzBindAddress": f"127.0.0.1:{free_port()}", "metricsBindAddress": f"127.0.0.1:{free_port()}",
             # never touch the conntrack table's global limits and timeouts: this machine's, not the node's
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s",
                           "udpTimeout": "0s", "udpStreamTimeout": "0s"},
@@ -395,6 +394,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
         kubelet = next(p for p in self.processes if p.name == "kubelet")
 
         def ready() -> bool:
+            for p in self.processes:
+                if not p.alive():
+                    raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
             out = self.cp.kubectl("get", "node", self.NAME, "-o", "json", check=False)
             if out.returncode != 0:
                 return False
