@@ -343,9 +343,10 @@ def test_probes_see_the_webhook(node, release, node_cluster, marked, detail):
     assert tally.get("answered", 0) > 0
     events = [e for e in node_cluster.core.list_namespaced_event(NAMESPACE).items
               if e.involved_object.name == stalled["metadata"]["name"] and e.reason == "Unhealthy"]
-    assert any("Liveness probe failed" in (e.message or "") for e in events), [e.message for e in events]
+    liveness = [e.message for e in events if "Liveness probe failed" in (e.message or "")]
+    assert liveness, [e.message for e in events]
     detail["detail"] = (f"SIGSTOP of {stalled['metadata']['name']}'s guard (pid {pid}): kubelet's liveness probe failed "
-                        f"({events[0].message[:80]!r}), container restarted after {restarted_after} s; "
+                        f"({liveness[0][:90]!r}), container restarted after {restarted_after} s; "
                         f"{healthy['metadata']['name']} under {tally['total']} evictions: 0 restarts; {tally}")
 
 
@@ -384,36 +385,91 @@ def test_rolling_upgrade(node, release, node_cluster, marked, detail):
                         f"{tally['total']} evictions: all answered by a guard (0 failed open, 0 errors)")
 
 
-@pytest.mark.check("drain of the guard's node")
-def test_drain_of_the_guards_node(node, release, node_cluster, marked, detail):
+@pytest.mark.check("certificate rotation under load")
+def test_certificate_rotation_under_load(node, release, node_cluster, marked, detail):
+    """Rotation of the Helm-generated pair: delete its Secret, ``helm upgrade`` (the chart generates a new CA and
+    serving certificate, and the webhook's caBundle changes with them). The pods are not restarted: kubelet
+    refreshes the mounted Secret and the guard reloads it (``server.tlsReloadInterval``). Until both happened the
+    API server, holding the new CA, cannot verify the old certificate: those calls fail open, counted here."""
     ns, vm, _ = marked
     cp = node.cp
-    release.wait_ready()
-    out = cp.kubectl("drain", Node.NAME, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "180s",
-                     timeout=200)
+    pods = {p["metadata"]["name"] for p in release.wait_ready()}
+    restarts = release.restarts()
+    secret = f"{FULLNAME}-tls"
+    if cp.kubectl("-n", NAMESPACE, "get", "secret", secret, check=False).returncode != 0:
+        (secret,) = [s["metadata"]["name"] for s in json.loads(cp.kubectl("-n", NAMESPACE, "get", "secrets", "-o",
+                     "json").stdout)["items"] if s["type"] == "kubernetes.io/tls"]
+    old = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", secret, "-o", "json").stdout)["data"]["ca.crt"]
+    with Stream(node_cluster, ns, vm.pod_name) as stream:
+        time.sleep(2)
+        cp.kubectl("-n", NAMESPACE, "delete", "secret", secret)
+        helm(cp, "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--wait", timeout=300)
+        rotated = time.monotonic()
+        n = len(stream.results)
+        eventually(lambda: len(stream.results) > n + 50 and all(c == 429 for c, _ in stream.results[-50:]), 180,
+                   "50 answers in a row by the guard with the new certificate", every=0.5)
+        settled = round(time.monotonic() - rotated, 1)
+    new = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", secret, "-o", "json").stdout)["data"]["ca.crt"]
+    assert new != old
+    tally = stream.tally()
+    assert {k: v for k, v in tally.items() if k.startswith("error")} == {}, tally
+    assert {p["metadata"]["name"] for p in release.ready()} == pods and release.restarts() == restarts
+    detail["detail"] = (f"Secret {secret} deleted, helm upgrade: new CA and caBundle, same pods, 0 restarts; under "
+                        f"{tally['total']} evictions: {tally.get('answered', 0)} answered, "
+                        f"{tally.get('failed_open', 0)} failed open (the API server with the new CA, the pods still "
+                        f"serving the old pair until kubelet refreshed the Secret and the guard reloaded it), 0 "
+                        f"errors; all answered again {settled} s after the upgrade returned")
+
+
+@pytest.mark.check("drain of the guard's node")
+def test_drain_of_the_guards_node(node, release, node_cluster, marked, detail):
+    """One node holds both replicas. ``kubectl drain`` evicts one; its replacement cannot be scheduled (the node is
+    cordoned), so the chart's PDB (maxUnavailable 1) refuses the second eviction until the drain times out: the
+    webhook keeps a replica. The guard itself never answers for its own pods (its match condition leaves them out).
+    Then ``kubectl drain --disable-eviction`` (deletes, no PDB) leaves no Ready replica: the Service has no endpoint,
+    the API server cannot call the webhook and, with ``failurePolicy: Ignore``, lets the eviction through."""
+    ns, vm, _ = marked
+    cp = node.cp
+    pods = release.wait_ready()
+    hook = json.loads(cp.kubectl("get", "mutatingwebhookconfiguration", FULLNAME, "-o", "json").stdout)
+    hook_name = hook["webhooks"][0]["name"]
+    out = cp.kubectl("drain", Node.NAME, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "20s",
+                     check=False, timeout=60)
     drained = out.stdout + out.stderr
-    assert "evicting pod kubevirt-eviction-guard/" in drained and f"node/{Node.NAME} drained" in drained, drained
-    # no Ready replica (the only node is cordoned): the webhook has no endpoint and the API server fails open
-    assert release.ready() == []
+    assert out.returncode != 0 and "evicted" in drained, drained
+    evicted = {line.split("/")[1].split()[0] for line in drained.splitlines() if line.endswith(" evicted")}
+    assert len(evicted) == 1, drained
+    kept = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] not in evicted]
+    audits = [e for e in cp.audit_events() if e.get("objectRef", {}).get("subresource") == "eviction"
+              and e["objectRef"].get("namespace") == NAMESPACE]
+    refused = [e for e in audits if e["objectRef"]["name"] in kept and e.get("responseStatus", {}).get("code") == 429]
+    assert refused, "the PDB refused the last replica's eviction"
+    assert not [e for e in audits if any(k.startswith(hook_name) for k in e.get("annotations", {}))], \
+        "the guard was called for its own pods"
+    # the remaining replica still answers
+    assert node_cluster.evict(ns, vm.pod_name, dry_run=True)[0] == 429
+    out = cp.kubectl("drain", Node.NAME, "--ignore-daemonsets", "--delete-emptydir-data", "--disable-eviction",
+                     "--timeout", "120s", timeout=150)
+    eventually(lambda: not release.ready(), 60, "no Ready replica", every=0.5)
     n = node_cluster.evictions_audited(ns, vm.pod_name)
-    code, body = node_cluster.evict(ns, vm.pod_name, dry_run=True)
+    code, _ = node_cluster.evict(ns, vm.pod_name, dry_run=True)
     audit = node_cluster.audit_of_eviction(ns, vm.pod_name, after=n)
     assert code == 201 and FAILED_OPEN in audit["annotations"], (code, audit.get("annotations"))
     cp.kubectl("uncordon", Node.NAME)
     release.wait_ready()
-    code, _ = node_cluster.evict(ns, vm.pod_name, dry_run=True)
-    assert code == 429
-    evicted = [line for line in drained.splitlines() if "evicting pod" in line]
-    detail["detail"] = (f"kubectl drain {Node.NAME}: {len(evicted)} guard pods evicted under the chart's PDB "
-                        "(maxUnavailable 1; the guard's match condition leaves its own pods alone), node drained; "
-                        "with no Ready replica the marked VM's eviction went through 201, failed open (audit "
-                        f"{FAILED_OPEN}: {audit['annotations'][FAILED_OPEN][:80]}); uncordon: 2 Ready, denied 429 again")
+    assert node_cluster.evict(ns, vm.pod_name, dry_run=True)[0] == 429
+    detail["detail"] = (f"kubectl drain {Node.NAME} (both replicas on it): {sorted(evicted)} evicted, the PDB refused "
+                        f"{kept} {len(refused)} times until the drain's timeout (its replacement Pending on the "
+                        "cordoned node), no call of the guard for its own pods, the webhook still answered (429); "
+                        "drain --disable-eviction: no Ready replica, the marked VM's eviction went through (201, audit "
+                        f"{FAILED_OPEN}: {audit['annotations'][FAILED_OPEN][:100]!r}); uncordon: 2 Ready, 429 again")
 
 
 @pytest.mark.check("uninstall leaves nothing")
 def test_uninstall_leaves_nothing(node, release, detail):
     cp = node.cp
     helm(cp, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m", timeout=200)
+    eventually(lambda: not release.pods(), 90, "the release's pods gone", every=1)
     left = {}
     for kind, namespaced in (("mutatingwebhookconfigurations", False), ("validatingwebhookconfigurations", False),
                              ("clusterroles", False), ("clusterrolebindings", False), ("roles", True),
@@ -427,6 +483,5 @@ def test_uninstall_leaves_nothing(node, release, detail):
     secrets = cp.kubectl("-n", NAMESPACE, "get", "secrets", "-o", "name").stdout.split()
     left_secrets = [s for s in secrets if "guard" in s]
     assert left == {} and left_secrets == [], (left, left_secrets)
-    eventually(lambda: not release.pods(), 60, "the pods gone", every=1)
     detail["detail"] = ("helm uninstall: no webhook configuration, RBAC, Secret, ConfigMap, ServiceAccount, Service, "
                         "Deployment, PDB, NetworkPolicy or pod of the release left")
