@@ -226,21 +226,23 @@ class ControlPlane:
     def __init__(self, workdir: Path, bin_dir: Path = BIN, extra_args: tuple[str, ...] = (),
                  webhook_client_hosts: tuple[str, ...] = (), address: str = "127.0.0.1",
                  prefix: list[str] | None = None, for_node: bool = False) -> None:
-        """``address``: where etcd and the API server listen (and advertise); ``prefix``: a command both run under
-        (tests/e2e/node.py: ``nsenter`` into the node's namespaces). ``for_node``: the API server a kubelet and the
-        controllers join: Node and RBAC authorization, the ServiceAccount and NodeRestriction admission plugins."""
+        """``address``: where etcd and the API server listen (and what the API server advertises); ``prefix``: a
+        command both run under (tests/e2e/node.py: ``nsenter`` into the node's namespaces). ``for_node``: the API
+        server a kubelet and the controllers join: Node and RBAC authorization, the ServiceAccount and
+        NodeRestriction admission plugins on."""
+        if address != "127.0.0.1":
+            extra_args = ("--bind-address", address, "--advertise-address", address, *extra_args)
         self.dir = workdir
         self.bin = bin_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
-        self.address = address
         self.url = f"https://{address}:{self.port}"
         self.etcd_url = f"http://{address}:{self.etcd_port}"
         self.ca = CertificateAuthority()
         self.ca_path = self._write("ca.crt", self.ca.pem)
         # 10.96.0.1: the `kubernetes` Service's ClusterIP, the address in-cluster clients use
         serving, serving_key = self.ca.issue("kube-apiserver", server=True,
-                                               ips=tuple(a for a in (address, "10.96.0.1") if a != "127.0.0.1"))
+                                             ips=tuple(a for a in (address, "10.96.0.1") if a != "127.0.0.1"))
         self._write("apiserver.crt", serving)
         self._write("apiserver.key", serving_key)
         admin, admin_key = self.ca.issue("e2e-admin", org="system:masters")
@@ -260,25 +262,23 @@ class ControlPlane:
         self._write("sa.key", _pem_key(sa_key))
         self._write("sa.pub", sa_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                                serialization.PublicFormat.SubjectPublicKeyInfo))
-        prefix = list(prefix or [])
         self.etcd = _Process("etcd", [
-            *prefix, str(bin_dir / "etcd"), "--name", "e2e", "--data-dir", str(self.dir / "etcd"),
+            str(bin_dir / "etcd"), "--name", "e2e", "--data-dir", str(self.dir / "etcd"),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
             "--listen-peer-urls", f"http://{address}:{self.etcd_peer_port}",
             "--initial-advertise-peer-urls", f"http://{address}:{self.etcd_peer_port}",
             "--initial-cluster", f"e2e=http://{address}:{self.etcd_peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn",
         ], self.dir / "etcd.log")
-        node_args = (["--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction"]
-                     if for_node else ["--authorization-mode", "RBAC", "--disable-admission-plugins", "ServiceAccount"])
         self.apiserver = _Process("kube-apiserver", [
-            *prefix, str(bin_dir / "kube-apiserver"),
+            str(bin_dir / "kube-apiserver"),
             "--etcd-servers", self.etcd_url, "--etcd-compaction-interval", "0",
-            "--bind-address", address, "--advertise-address", address, "--secure-port", str(self.port),
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
             "--cert-dir", str(self.dir / "apiserver-certs"),
             "--tls-cert-file", str(self.dir / "apiserver.crt"), "--tls-private-key-file", str(self.dir / "apiserver.key"),
             "--client-ca-file", str(self.ca_path),
-            *node_args,
+            *(("--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction") if for_node
+              else ("--authorization-mode", "RBAC", "--disable-admission-plugins", "ServiceAccount")),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(self.dir / "sa.pub"),
             "--service-account-signing-key-file", str(self.dir / "sa.key"),
@@ -297,6 +297,8 @@ class ControlPlane:
             *admission,
             *extra_args,
         ], self.dir / "kube-apiserver.log")
+        for p in (self.etcd, self.apiserver):
+            p.cmd = [*(prefix or ()), *p.cmd]
 
     def _webhook_client_config(self, hosts: tuple[str, ...]) -> list[str]:
         """docs/install.md's AdmissionConfiguration and webhook kubeconfig: a client certificate (from its own CA,

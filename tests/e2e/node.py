@@ -191,6 +191,7 @@ class Node:
         self.cgroup_name = f"kveg-e2e-{self.id}"
         self.before = kernel_state()
         self.holder: subprocess.Popen | None = None
+        self.mount_ns = ""
         self.processes: list[_Process] = []
         self.cp: ControlPlane | None = None
 
@@ -235,10 +236,15 @@ class Node:
         line = self.holder.stdout.readline().strip()
         if line != "ready":
             raise RuntimeError(f"namespace holder failed: {line} {self.holder.stderr.read()}")
+        self.mount_ns = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
 
     def inside(self) -> list[str]:
+        """A command prefix: into the holder's network and mount namespaces and the test's cgroups (so that what
+        the command starts, containerd's shims included, which leave their parent, stays where ``stop`` finds it)."""
         assert self.holder is not None
-        return ["nsenter", "-t", str(self.holder.pid), "--net", "--mount", "--"]
+        procs = " ".join(str(h / self.cgroup_name / "cgroup.procs") for h in _cgroup_hierarchies())
+        return ["nsenter", "-t", str(self.holder.pid), "--net", "--mount", "--",
+                "sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh"]
 
     def _daemon(self, name: str, cmd: list[str]) -> _Process:
         p = _Process(name, [*self.inside(), *cmd], self.dir / f"{name}.log")
@@ -444,7 +450,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
                 p.stop(timeout=20)
         # whatever is left in the test's cgroups (shims, containers, the holder), by PID
         for _ in range(50):
-            pids = self.cgroup_pids()
+            pids = self.cgroup_pids() | {int(p.split()[0]) for p in (self._in_mount_ns() if self.mount_ns else [])}
             if self.holder is not None and self.holder.poll() is None:
                 pids.add(self.holder.pid)
             if not pids:
@@ -476,7 +482,20 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
         cgroups = [str(h / self.cgroup_name) for h in _cgroup_hierarchies() if (h / self.cgroup_name).exists()]
         if cgroups:
             diff["cgroups"] = cgroups
+        if self.mount_ns and (procs := self._in_mount_ns()):
+            diff["processes"] = procs
         return diff
+
+    def _in_mount_ns(self) -> list[str]:
+        """Processes still in the node's mount namespace (whatever their cgroup)."""
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/ns/mnt") == self.mount_ns:
+                    out.append(f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}")
+            except OSError:
+                pass
+        return out
 
 
 def _rmdir(path: Path) -> None:
