@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs e2e e2e-bin e2e-outcome image
+.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-watch reliability docs e2e e2e-bin e2e-outcome
 
 setup: $(STAMP)
 
@@ -115,6 +115,7 @@ bench-doc: $(STAMP)
 
 # The image as an OCI archive, build/image/kubevirt-eviction-guard.oci.tar, from Debian packages (mmdebstrap, umoci;
 # root) by the recipe the Dockerfile follows (image/); rebuilt only when image/, app/ or the pins change.
+.PHONY: image
 image:
 	bash image/build.sh
 

@@ -155,13 +155,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     helm = BIN / "helm"
     summary["helm"] = {"how": f"helm CLI built from helm.sh/helm/v4 ({binary_version('helm') if helm.exists() else '?'})",
                        "path": str(helm.resolve())}
+    summary["checks"] = list(_checks.values())
+    if OUTCOME.exists():
+        summary["outcome"] = json.loads(OUTCOME.read_text())
     from tests.e2e.node import NODE_INFO
 
     if NODE_INFO:  # tests/e2e/test_node.py ran: kubelet's, containerd's and runc's versions
         summary["node"] = NODE_INFO
-    summary["checks"] = list(_checks.values())
-    if OUTCOME.exists():
-        summary["outcome"] = json.loads(OUTCOME.read_text())
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
 
