@@ -65,7 +65,7 @@ def oci_image(archive: Path) -> tuple[dict, dict, list[tarfile.TarInfo]]:
 
 
 @pytest.fixture(scope="session")
-def image() -> dict:
+def image(request: pytest.FixtureRequest) -> dict:
     """``make image`` (cached when its inputs are unchanged), and what the archive holds."""
     out = subprocess.run(["bash", str(ROOT / "image" / "build.sh")], capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -74,8 +74,13 @@ def image() -> dict:
             "members": members, "dpkg": config.get("_dpkg_status", ""),
             "size_mb": round(IMAGE_ARCHIVE.stat().st_size / 2**20, 1),
             "unpacked_mb": round(sum(m.size for m in members) / 2**20, 1), "build": out.stdout.strip().splitlines()[-1]}
-    print(f"\nimage: {IMAGE_ARCHIVE} {info['size_mb']} MB ({info['unpacked_mb']} MB unpacked), "
-          f"user {config['config']['User']}")
+    line = (f"image: {IMAGE_ARCHIVE} {info['size_mb']} MB ({info['unpacked_mb']} MB unpacked), "
+            f"user {config['config']['User']}")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("\n" + line)
+    else:
+        print(line)
     return info
 
 
