@@ -76,9 +76,11 @@ def image(request: pytest.FixtureRequest) -> dict:
             "unpacked_mb": round(sum(m.size for m in members) / 2**20, 1), "build": out.stdout.strip().splitlines()[-1]}
     line = (f"image: {IMAGE_ARCHIVE} {info['size_mb']} MB ({info['unpacked_mb']} MB unpacked), "
             f"user {config['config']['User']}")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("\n" + line)
+    if capture is not None and reporter is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\n" + line)
     else:
         print(line)
     return info
