@@ -123,6 +123,12 @@ bench-doc: $(STAMP)
 	$(PY) -m bench.doc $$(ls -1 bench/results/bench-*.json | tail -n 3) --doc docs/performance.md
 	$(PY) -m tools.figures stamp bench
 
+# The image as an OCI archive, build/image/kubevirt-eviction-guard.oci.tar, from Debian packages (mmdebstrap, umoci;
+# root) by the recipe the Dockerfile follows (image/); rebuilt only when image/, app/ or the pins change.
+.PHONY: image
+image:
+	bash image/build.sh
+
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
 # into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,
 # then cached: a warm run takes about 3 minutes, 2 of them the 90 s outcome run).

@@ -158,6 +158,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     summary["checks"] = list(_checks.values())
     if OUTCOME.exists():
         summary["outcome"] = json.loads(OUTCOME.read_text())
+    from tests.e2e.node import NODE_INFO
+
+    if NODE_INFO:  # tests/e2e/test_node.py ran: kubelet's, containerd's and runc's versions
+        summary["node"] = NODE_INFO
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -224,16 +224,25 @@ class ControlPlane:
     """etcd + kube-apiserver in ``workdir``. ``start()`` returns when ``/readyz`` answers 200 to the admin."""
 
     def __init__(self, workdir: Path, bin_dir: Path = BIN, extra_args: tuple[str, ...] = (),
-                 webhook_client_hosts: tuple[str, ...] = ()) -> None:
+                 webhook_client_hosts: tuple[str, ...] = (), address: str = "127.0.0.1",
+                 prefix: list[str] | None = None, for_node: bool = False) -> None:
+        """``address``: where etcd and the API server listen (and what the API server advertises); ``prefix``: a
+        command both run under (tests/e2e/node.py: ``nsenter`` into the node's namespaces). ``for_node``: the API
+        server a kubelet and the controllers join: Node and RBAC authorization, the ServiceAccount and
+        NodeRestriction admission plugins on."""
+        if address != "127.0.0.1":
+            extra_args = ("--bind-address", address, "--advertise-address", address, *extra_args)
         self.dir = workdir
         self.bin = bin_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        self.url = f"https://{address}:{self.port}"
+        self.etcd_url = f"http://{address}:{self.etcd_port}"
         self.ca = CertificateAuthority()
         self.ca_path = self._write("ca.crt", self.ca.pem)
-        serving, serving_key = self.ca.issue("kube-apiserver", server=True)
+        # 10.96.0.1: the `kubernetes` Service's ClusterIP, the address in-cluster clients use
+        serving, serving_key = self.ca.issue("kube-apiserver", server=True,
+                                             ips=tuple(a for a in (address, "10.96.0.1") if a != "127.0.0.1"))
         self._write("apiserver.crt", serving)
         self._write("apiserver.key", serving_key)
         admin, admin_key = self.ca.issue("e2e-admin", org="system:masters")
@@ -256,9 +265,9 @@ class ControlPlane:
         self.etcd = _Process("etcd", [
             str(bin_dir / "etcd"), "--name", "e2e", "--data-dir", str(self.dir / "etcd"),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-            "--initial-cluster", f"e2e=http://127.0.0.1:{self.etcd_peer_port}",
+            "--listen-peer-urls", f"http://{address}:{self.etcd_peer_port}",
+            "--initial-advertise-peer-urls", f"http://{address}:{self.etcd_peer_port}",
+            "--initial-cluster", f"e2e=http://{address}:{self.etcd_peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn",
         ], self.dir / "etcd.log")
         self.apiserver = _Process("kube-apiserver", [
@@ -268,12 +277,12 @@ class ControlPlane:
             "--cert-dir", str(self.dir / "apiserver-certs"),
             "--tls-cert-file", str(self.dir / "apiserver.crt"), "--tls-private-key-file", str(self.dir / "apiserver.key"),
             "--client-ca-file", str(self.ca_path),
-            "--authorization-mode", "RBAC",
+            *(("--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction") if for_node
+              else ("--authorization-mode", "RBAC", "--disable-admission-plugins", "ServiceAccount")),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(self.dir / "sa.pub"),
             "--service-account-signing-key-file", str(self.dir / "sa.key"),
             "--service-cluster-ip-range", "10.96.0.0/16",
-            "--disable-admission-plugins", "ServiceAccount",
             "--allow-privileged=true",
             "--audit-policy-file", str(self.dir / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
             "--audit-log-format", "json", "--audit-log-mode", "blocking",
@@ -288,6 +297,8 @@ class ControlPlane:
             *admission,
             *extra_args,
         ], self.dir / "kube-apiserver.log")
+        for p in (self.etcd, self.apiserver):
+            p.cmd = [*(prefix or ()), *p.cmd]
 
     def _webhook_client_config(self, hosts: tuple[str, ...]) -> list[str]:
         """docs/install.md's AdmissionConfiguration and webhook kubeconfig: a client certificate (from its own CA,
