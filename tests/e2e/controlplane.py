@@ -53,7 +53,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("E2E_BIN") or ROOT / "build" / "e2e" / "bin")
-BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm")
+BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm", "helm3")
 CRDS = Path(__file__).resolve().parent / "crds"
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN of the API server's proxy client certificate (kubeadm's)
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -111,7 +111,7 @@ def _interface_addresses() -> list[str]:
 def binary_version(name: str, bin_dir: Path = BIN) -> str:
     """What the binary says of itself (``--version`` / ``version``), first line."""
     args = {"kube-apiserver": ["--version"], "kubectl": ["version", "--client"], "etcd": ["--version"],
-            "descheduler": ["version"], "helm": ["version", "--short"]}[name]
+            "descheduler": ["version"], "helm": ["version", "--short"], "helm3": ["version", "--short"]}[name]
     out = subprocess.run([str(bin_dir / name), *args], capture_output=True, text=True, timeout=30)
     return (out.stdout or out.stderr).strip().splitlines()[0]
 
