@@ -10,7 +10,7 @@ BINARIES=(kube-apiserver kubectl etcd)
 key=$(cat e2e/oldest/go.mod e2e/oldest/go.sum e2e/build-oldest.sh | sha256sum | cut -c1-16)
 
 # Helm (v4, v3) and the descheduler are those of the main pins (e2e/build.sh), beside this minor's own binaries
-MAIN_BIN=$(cd "${E2E_BIN:-build/e2e/bin}" && pwd)
+MAIN_BIN=$(realpath -m "${E2E_BIN:-build/e2e/bin}")
 mkdir -p "$BIN"
 for b in helm helm3 descheduler; do ln -sfn "$MAIN_BIN/$b" "$BIN/$b"; done
 

@@ -77,14 +77,14 @@ def test_explain_lists_them_and_decides_as_without_them() -> None:
     assert "db-balance: requester descheduler.example.io/balance, pending" in text
     assert "eviction requests" not in explanation_text(without)
     # none for this pod: an empty list, and nothing printed
-    other = explanation(req, cluster("00000000-0000-0000-0000-000000000000"), NOW, settings, recorded())
+    other = explanation(req, cluster("00000000-0000-0000-0000-000000000000"), NOW, settings, eviction_requests=recorded())
     assert other["evictionRequests"] == [] and "eviction requests" not in explanation_text(other)
 
 
 def test_report_lists_the_pending_ones_by_vm() -> None:
     store, settings = cluster(), PolicySettings()
     without = report_model(store, NOW, settings)
-    model = report_model(store, NOW, settings, recorded())
+    model = report_model(store, NOW, settings, eviction_requests=recorded())
     assert without["evictionRequests"] is None and "EvictionRequests" not in report_text(without)
     assert [(p["vmi"], p["pod"], p["name"], p["requester"]) for p in model["evictionRequests"]] == \
         [("db", POD, "db-balance", "descheduler.example.io/balance")]
