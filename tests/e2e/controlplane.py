@@ -64,6 +64,17 @@ def missing_binaries(bin_dir: Path = BIN) -> list[str]:
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
 
 
+def legacy_endpoints(namespace: str, service: str, address: str, port: int, port_name: str = "") -> dict:
+    """The core/v1 Endpoints the endpoints controller writes beside a Service's EndpointSlice, for one ready address.
+    kube-apiserver before 1.33 resolves an APIService's or a webhook Service's endpoints from them
+    (k8s.io/apiserver v0.30.14 pkg/util/proxy/proxy.go ``ResolveEndpoint(services, endpoints, ...)``); 1.37 reads
+    EndpointSlices (v0.37.2, same file: ``ResolveEndpoint(services, endpointSlices, ...)``). Tests write both, as a
+    cluster's two controllers do."""
+    return {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": service, "namespace": namespace},
+            "subsets": [{"addresses": [{"ip": address}],
+                         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}]}]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -431,6 +442,14 @@ class ControlPlane:
 
     def etcd_revision(self) -> int:
         r = httpx.post(f"{self.etcd_url}/v3/kv/range", json={"key": base64.b64encode(b"/").decode()}, timeout=5)
+        r.raise_for_status()
+        return int(r.json()["header"]["revision"])
+
+    def bump_etcd_revision(self) -> int:
+        """One write straight to etcd (a key outside the API server's prefix): the revision moves on without any
+        object changing, so a restarted API server's watch cache starts past every resourceVersion a client has."""
+        r = httpx.post(f"{self.etcd_url}/v3/kv/put", json={"key": base64.b64encode(b"/e2e/revision-bump").decode(),
+                                                           "value": base64.b64encode(b"1").decode()}, timeout=5)
         r.raise_for_status()
         return int(r.json()["header"]["revision"])
 

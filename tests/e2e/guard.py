@@ -32,7 +32,7 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.controlplane import ROOT, ControlPlane, free_port
+from tests.e2e.controlplane import ROOT, ControlPlane, free_port, legacy_endpoints
 from tests.values import merge
 
 CHART = ROOT / "charts" / "kubevirt-eviction-guard"
@@ -173,7 +173,8 @@ def publish_endpoint(inst: Installation, address: str, port: int) -> None:
                                    "endpointslice.kubernetes.io/managed-by": "e2e.kubevirt-eviction-guard.io"}},
            "addressType": "IPv4", "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}]}
-    inst.cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    endpoints = legacy_endpoints(inst.namespace, service["metadata"]["name"], address, port, "https")
+    inst.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [doc, endpoints]}))
 
 
 def uninstall_chart(inst: Installation) -> None:
