@@ -66,7 +66,7 @@ def missing_binaries(bin_dir: Path = BIN) -> list[str]:
 
 def legacy_endpoints(namespace: str, service: str, address: str, port: int, port_name: str = "") -> dict:
     """The core/v1 Endpoints the endpoints controller writes beside a Service's EndpointSlice, for one ready address.
-    kube-apiserver before 1.33 resolves an APIService's or a webhook Service's endpoints from them
+    kube-apiserver 1.30 resolves an APIService's or a webhook Service's endpoints from them
     (k8s.io/apiserver v0.30.14 pkg/util/proxy/proxy.go ``ResolveEndpoint(services, endpoints, ...)``); 1.37 reads
     EndpointSlices (v0.37.2, same file: ``ResolveEndpoint(services, endpointSlices, ...)``). Tests write both, as a
     cluster's two controllers do."""
