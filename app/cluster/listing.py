@@ -131,7 +131,6 @@ def list_optional(custom: CustomObjectsApi, store: ClusterStore, stats: Snapshot
         stats.loaded[DESCHEDULER] = 1
 
 
-
 def list_eviction_requests(client: ApiClient) -> list[EvictionRequestRecord] | None:
     """Every ``lifecycle.k8s.io/v1alpha1`` EvictionRequest, or None when the API server does not serve them (before
     1.37, or the ``EvictionRequestAPI`` gate or the API version off: 404) or we may not list them (403)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.domain.records import RecordError, _d, _meta, _s, _u
+from app.domain.records import RecordError
 from app.timefmt import parse_timestamp
 
 GROUP, VERSION, PLURAL = "lifecycle.k8s.io", "v1alpha1", "evictionrequests"
@@ -39,17 +39,28 @@ class EvictionRequestRecord:
         return self.intent == INTENT_EVICTION and not self.ended
 
 
+def _d(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _s(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def eviction_request_from_object(obj: Any) -> EvictionRequestRecord:
-    meta, namespace, name = _meta(obj)
-    if not isinstance(obj.get("spec"), dict):
-        raise RecordError("EvictionRequest has no spec")
-    spec = obj["spec"]
+    """Raises ``RecordError`` when the object has no name or no spec; any other odd field becomes empty."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("spec"), dict):
+        raise RecordError("EvictionRequest is not a mapping with a spec")
+    meta, spec = _d(obj.get("metadata")), obj["spec"]
+    name = _s(meta.get("name"))
+    if not name:
+        raise RecordError("EvictionRequest has no metadata.name")
     pod = _d(_d(spec.get("target")).get("pod"))
     conditions = _d(obj.get("status")).get("conditions")
     ended = [c.get("type") for c in (conditions if isinstance(conditions, list) else [])
              if isinstance(c, dict) and c.get("type") in ENDED_CONDITIONS and c.get("status") == "True"]
     return EvictionRequestRecord(
-        namespace=namespace, name=name, pod=_s(pod.get("name")), pod_uid=_u(pod.get("uid")),
+        namespace=_s(meta.get("namespace")), name=name, pod=_s(pod.get("name")), pod_uid=_s(pod.get("uid")),
         requester=_s(spec.get("requester")), intent=_s(spec.get("intent")),
         created=parse_timestamp(meta.get("creationTimestamp")), ended=ended[0] if ended else "")
 

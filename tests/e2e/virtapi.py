@@ -167,8 +167,8 @@ class VirtApi:
                          "name": "extension-apiserver-authentication-reader"},
              "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]},
         ]
-        # one List: kubectl before 1.31 reads a stream that starts with "{" as JSON only, so "---" between JSON
-        # documents breaks it
+        # one List: kubectl 1.30 reads a stream that starts with "{" as JSON only (k8s.io/apimachinery v0.30.14
+        # pkg/util/yaml/decoder.go, YAMLOrJSONDecoder: GuessJSONStream), so "---" between JSON documents breaks it
         kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
         token = self.cp.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         self.http = httpx.Client(base_url=self.cp.url, verify=ssl.create_default_context(cafile=str(self.cp.ca_path)),
