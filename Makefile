@@ -127,7 +127,7 @@ e2e: $(STAMP) e2e-bin
 
 # The control-plane checks (the guard beside kube-apiserver and etcd, the chart by Helm 3 and 4) against the oldest
 # Kubernetes minor the README promises: its kube-apiserver, kubectl and etcd pinned in e2e/oldest/go.mod, built once
-# into build/e2e/oldest/bin (cold about 8 min on 2 cores), Helm and the descheduler from `make e2e`'s pins. Writes
+# into build/e2e/oldest/bin (cold: see docs/testing.md), Helm and the descheduler from `make e2e`'s pins. Writes
 # build/e2e/oldest/summary.json.
 E2E_OLDEST_SKIP = tests/e2e/test_outcome.py tests/e2e/test_eviction_request_api.py
 e2e-oldest: $(STAMP) e2e-bin
