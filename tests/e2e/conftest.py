@@ -152,9 +152,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for key, name in (("kube_apiserver", "kube-apiserver"), ("etcd", "etcd"), ("descheduler", "descheduler")):
         path = BIN / name
         summary[key] = {"path": str(path.resolve()), "version": binary_version(name) if path.exists() else None}
-    helm = BIN / "helm"
-    summary["helm"] = {"how": f"helm CLI built from helm.sh/helm/v4 ({binary_version('helm') if helm.exists() else '?'})",
-                       "path": str(helm.resolve())}
+    summary["kubernetes"] = summary["kube_apiserver"]["version"]
+    for key, name, module in (("helm", "helm", "helm.sh/helm/v4"), ("helm3", "helm3", "helm.sh/helm/v3")):
+        path = BIN / name
+        version = binary_version(name) if path.exists() else None
+        summary[key] = {"how": f"helm CLI built from {module} ({version or '?'})", "version": version,
+                        "path": str(path.resolve())}
     summary["checks"] = list(_checks.values())
     if OUTCOME.exists():
         summary["outcome"] = json.loads(OUTCOME.read_text())

@@ -53,7 +53,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("E2E_BIN") or ROOT / "build" / "e2e" / "bin")
-BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm")
+BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm", "helm3")
 CRDS = Path(__file__).resolve().parent / "crds"
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN of the API server's proxy client certificate (kubeadm's)
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -62,6 +62,17 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages":
 
 def missing_binaries(bin_dir: Path = BIN) -> list[str]:
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+
+
+def legacy_endpoints(namespace: str, service: str, address: str, port: int, port_name: str = "") -> dict:
+    """The core/v1 Endpoints the endpoints controller writes beside a Service's EndpointSlice, for one ready address.
+    kube-apiserver 1.30 resolves an APIService's or a webhook Service's endpoints from them
+    (k8s.io/apiserver v0.30.14 pkg/util/proxy/proxy.go ``ResolveEndpoint(services, endpoints, ...)``); 1.37 reads
+    EndpointSlices (v0.37.2, same file: ``ResolveEndpoint(services, endpointSlices, ...)``). Tests write both, as a
+    cluster's two controllers do."""
+    return {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": service, "namespace": namespace},
+            "subsets": [{"addresses": [{"ip": address}],
+                         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}]}]}
 
 
 def free_port() -> int:
@@ -111,7 +122,7 @@ def _interface_addresses() -> list[str]:
 def binary_version(name: str, bin_dir: Path = BIN) -> str:
     """What the binary says of itself (``--version`` / ``version``), first line."""
     args = {"kube-apiserver": ["--version"], "kubectl": ["version", "--client"], "etcd": ["--version"],
-            "descheduler": ["version"], "helm": ["version", "--short"]}[name]
+            "descheduler": ["version"], "helm": ["version", "--short"], "helm3": ["version", "--short"]}[name]
     out = subprocess.run([str(bin_dir / name), *args], capture_output=True, text=True, timeout=30)
     return (out.stdout or out.stderr).strip().splitlines()[0]
 
@@ -273,7 +284,8 @@ class ControlPlane:
         self.apiserver = _Process("kube-apiserver", [
             str(bin_dir / "kube-apiserver"),
             "--etcd-servers", self.etcd_url, "--etcd-compaction-interval", "0",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
+            "--bind-address", "127.0.0.1", "--secure-port", str(self.port),
+            *([] if any(a.startswith("--advertise-address") for a in extra_args) else ["--advertise-address", "127.0.0.1"]),
             "--cert-dir", str(self.dir / "apiserver-certs"),
             "--tls-cert-file", str(self.dir / "apiserver.crt"), "--tls-private-key-file", str(self.dir / "apiserver.key"),
             "--client-ca-file", str(self.ca_path),
@@ -295,6 +307,11 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
             "--enable-aggregator-routing=true",
             *admission,
+            # 1.37 refuses to start when the endpoint reconciler would publish a loopback address as the `kubernetes`
+            # Service's endpoint (pkg/controlplane/instance.go: ValidateIP); Kubernetes' own test server turns the
+            # reconciler off for a loopback advertise address, as here, unless the caller sets either flag
+            *([] if any(a.startswith(("--advertise-address", "--endpoint-reconciler-type")) for a in extra_args)
+              else ["--endpoint-reconciler-type", "none"]),
             *extra_args,
         ], self.dir / "kube-apiserver.log")
         for p in (self.etcd, self.apiserver):
@@ -436,6 +453,14 @@ class ControlPlane:
 
     def etcd_revision(self) -> int:
         r = httpx.post(f"{self.etcd_url}/v3/kv/range", json={"key": base64.b64encode(b"/").decode()}, timeout=5)
+        r.raise_for_status()
+        return int(r.json()["header"]["revision"])
+
+    def bump_etcd_revision(self) -> int:
+        """One write straight to etcd (a key outside the API server's prefix): the revision moves on without any
+        object changing, so a restarted API server's watch cache starts past every resourceVersion a client has."""
+        r = httpx.post(f"{self.etcd_url}/v3/kv/put", json={"key": base64.b64encode(b"/e2e/revision-bump").decode(),
+                                                           "value": base64.b64encode(b"1").decode()}, timeout=5)
         r.raise_for_status()
         return int(r.json()["header"]["revision"])
 

@@ -45,7 +45,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from tests.e2e.controlplane import CertificateAuthority, ControlPlane, host_address
+from tests.e2e.controlplane import CertificateAuthority, ControlPlane, host_address, legacy_endpoints
 
 GROUP = "subresources.kubevirt.io"
 VERSIONS = ("v1", "v1alpha3")
@@ -167,7 +167,9 @@ class VirtApi:
                          "name": "extension-apiserver-authentication-reader"},
              "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]},
         ]
-        kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+        # one List: kubectl 1.30 reads a stream that starts with "{" as JSON only (k8s.io/apimachinery v0.30.14
+        # pkg/util/yaml/decoder.go, YAMLOrJSONDecoder: GuessJSONStream), so "---" between JSON documents breaks it
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
         token = self.cp.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         self.http = httpx.Client(base_url=self.cp.url, verify=ssl.create_default_context(cafile=str(self.cp.ca_path)),
                                  headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -200,13 +202,14 @@ class VirtApi:
                                      "endpointslice.kubernetes.io/managed-by": "e2e.kubevirt-eviction-guard.io"}},
              "addressType": "IPv4", "ports": [{"name": "", "port": port, "protocol": "TCP"}],
              "endpoints": [{"addresses": [self.address], "conditions": {"ready": True}}]},
+            legacy_endpoints(NAMESPACE, SERVICE, self.address, port),
             # virt-operator's APIService (groupPriorityMinimum 1000, versionPriority 15)
             {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": APISERVICE},
              "spec": {"group": GROUP, "version": "v1", "groupPriorityMinimum": 1000, "versionPriority": 15,
                       "caBundle": base64.b64encode(self.ca.pem).decode(),
                       "service": {"namespace": NAMESPACE, "name": SERVICE, "port": 443}}},
         ]
-        self.cp.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+        self.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
 
     def start(self, timeout: float = 60) -> VirtApi:
         self._identity()
@@ -243,6 +246,7 @@ class VirtApi:
         self.cp.kubectl("delete", "apiservice", APISERVICE, "--ignore-not-found", check=False)
         self.cp.kubectl("-n", NAMESPACE, "delete", "service", SERVICE, "--ignore-not-found", check=False)
         self.cp.kubectl("-n", NAMESPACE, "delete", "endpointslice", f"{SERVICE}-e2e", "--ignore-not-found", check=False)
+        self.cp.kubectl("-n", NAMESPACE, "delete", "endpoints", SERVICE, "--ignore-not-found", check=False)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
