@@ -120,6 +120,7 @@ bench-doc: $(STAMP)
 E2E_ARGS ?=
 e2e-bin:
 	bash e2e/build.sh
+	bash e2e/kubevirt/build.sh
 
 e2e: $(STAMP) e2e-bin
 	$(PY) -m pytest -m e2e tests/e2e $(E2E_ARGS)
