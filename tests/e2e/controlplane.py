@@ -435,3 +435,6 @@ class ControlPlane:
         r = httpx.post(f"{self.etcd_url}/v3/kv/compaction", json={"revision": str(rev), "physical": True}, timeout=30)
         r.raise_for_status()
         return rev
+
+
+Process = _Process  # a local process with its log file (also what tests/e2e/kubevirt.py runs KubeVirt's binaries as)
