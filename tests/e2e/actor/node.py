@@ -14,8 +14,8 @@ what the three missing components do, each with the identity it has in a cluster
   Running with its containers started and Ready, ends a pod that is being deleted, and reports a launcher pod
   whose virt-launcher has exited (the source after a completed migration, the target after a failed one) as
   Succeeded or Failed;
-- **virt-handler** (ServiceAccount ``kubevirt/kubevirt-handler``, KubeVirt's own ClusterRole) labels its nodes
-  ``kubevirt.io/schedulable=true``; starts a Scheduled VMI (phase Running, ``LiveMigratable`` True,
+- **virt-handler** (ServiceAccount ``kubevirt/kubevirt-handler``, KubeVirt's own ClusterRole) beats its
+  heartbeat on its nodes (``kubevirt.io/schedulable=true`` and ``kubevirt.io/heartbeat``, every 60 to 132 s); starts a Scheduled VMI (phase Running, ``LiveMigratable`` True,
   ``migrationMethod``, ``selinuxContext: none`` as on a host without SELinux); and drives a migration through
   ``status.migrationState`` as its migration source and target controllers do: the target's address and ports
   (virt-controller then calls the migration TargetReady), the source's ``startTimestamp`` (Running), and after the
@@ -53,6 +53,7 @@ LAUNCHER = "kubevirt.io=virt-launcher"
 JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_SOURCE = "kubevirt.io/eviction-source"
 SCHEDULABLE = "kubevirt.io/schedulable"
+HEARTBEAT = "kubevirt.io/heartbeat"
 
 
 def now_rfc3339() -> str:
@@ -84,6 +85,7 @@ class Nodes:
     workdir: Path
     interval: float = 0.25
     default_copy: float = 2.0
+    heartbeat: float = 60.0  # virt-handler's heartBeatInterval (pkg/virt-handler/vm.go)
     fail_ratio: float = 0.0
     seed: int = 1
     placement: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -101,6 +103,7 @@ class Nodes:
         self._random = Random(self.seed)
         self._kubelets: dict[str, client.ApiClient] = {}
         self._exited: dict[tuple[str, str], str] = {}  # pod -> phase its virt-launcher exited with
+        self._beats: dict[str, float] = {}  # node -> when its next heartbeat is due (monotonic)
         self.admin = self.cp.api_client()
         self.scheduler = _client(self._cert_kubeconfig("system:kube-scheduler", None))
         self.handler = _client(self.handler_kubeconfig)
@@ -167,9 +170,18 @@ class Nodes:
                 self._vmi(vmi)
 
     def _label_nodes(self, nodes: dict) -> None:
+        """virt-handler's heartbeat (``pkg/virt-handler/heartbeat``): the schedulable label and the heartbeat
+        annotation, at start and then every ``heartbeat`` seconds with KubeVirt's jitter (``wait.JitterUntil(do,
+        1m, 1.2)``: 60 to 132 s). Each is a Node update, which is what wakes virt-controller's evacuation
+        controller: it watches nodes, VMIs and VMIMs, not pods."""
+        now = time.monotonic()
         for name, n in nodes.items():
-            if (n.metadata.labels or {}).get(SCHEDULABLE) != "true" and not name.startswith("barrier"):
-                client.CoreV1Api(self.handler).patch_node(name, {"metadata": {"labels": {SCHEDULABLE: "true"}}})
+            if name.startswith("barrier") or (n.metadata.labels or {}).get(SCHEDULABLE) == "true" and \
+                    self._beats.get(name, 0) > now:
+                continue
+            self._beats[name] = now + self.heartbeat * (1 + self._random.random() * 1.2)
+            self._call(lambda: client.CoreV1Api(self.handler).patch_node(name, {"metadata": {
+                "labels": {SCHEDULABLE: "true"}, "annotations": {HEARTBEAT: now_rfc3339()}}}))
 
     # -- scheduler and kubelet --
 
