@@ -265,7 +265,8 @@ class ControlPlane:
         self.apiserver = _Process("kube-apiserver", [
             str(bin_dir / "kube-apiserver"),
             "--etcd-servers", self.etcd_url, "--etcd-compaction-interval", "0",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
+            "--bind-address", "127.0.0.1", "--secure-port", str(self.port),
+            *([] if any(a.startswith("--advertise-address") for a in extra_args) else ["--advertise-address", "127.0.0.1"]),
             "--cert-dir", str(self.dir / "apiserver-certs"),
             "--tls-cert-file", str(self.dir / "apiserver.crt"), "--tls-private-key-file", str(self.dir / "apiserver.key"),
             "--client-ca-file", str(self.ca_path),
@@ -287,6 +288,11 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
             "--enable-aggregator-routing=true",
             *admission,
+            # 1.37 refuses to start when the endpoint reconciler would publish a loopback address as the `kubernetes`
+            # Service's endpoint (pkg/controlplane/instance.go: ValidateIP); Kubernetes' own test server turns the
+            # reconciler off for a loopback advertise address, as here, unless the caller sets either flag
+            *([] if any(a.startswith(("--advertise-address", "--endpoint-reconciler-type")) for a in extra_args)
+              else ["--endpoint-reconciler-type", "none"]),
             *extra_args,
         ], self.dir / "kube-apiserver.log")
 
