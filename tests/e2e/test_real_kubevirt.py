@@ -13,10 +13,13 @@ sees what the guard let through.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 
 import pytest
+from kubernetes.client import ApiClient
 
+from tests.e2e.controlplane import ROOT
 from tests.e2e.kubevirt import GROUP, wait_for
 
 VIRT_API_HOOK = "virt-launcher-eviction-interceptor.kubevirt.io"
@@ -27,6 +30,19 @@ CANCEL = "kubevirt_eviction_guard_evacuation_canceller_info"
 
 pytestmark = pytest.mark.timeout(600)  # KubeVirt's own pace: retries wait for virt-handler's heartbeat (<= 132 s)
 _behaviours: dict[str, str] = {}  # what KubeVirt's own code did in this session: the "real kubevirt" check's detail
+
+
+CAPTURED = ROOT / "build" / "e2e" / "kubevirt-objects"  # objects as real KubeVirt left them (tests/fixtures/kubevirt-1.8.3)
+
+
+def capture(name: str, obj) -> None:
+    """Keep an object as the API server returned it, for the fixtures of ``make test`` (managedFields dropped)."""
+    if not isinstance(obj, dict):
+        obj = ApiClient().sanitize_for_serialization(obj)
+    obj = json.loads(json.dumps(obj))
+    obj.get("metadata", {}).pop("managedFields", None)
+    CAPTURED.mkdir(parents=True, exist_ok=True)
+    (CAPTURED / f"{name}.json").write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def ts(value: str) -> dt.datetime:
@@ -79,6 +95,8 @@ def test_descheduler_eviction_through_the_guard_and_virt_api_migrates_the_vm(kv,
     annotated = wait_for(lambda: (p := kv.source_pod(ns, "vm")) and p.metadata.annotations.get(EVICTION_IN_PROGRESS),
                          30, "virt-controller's eviction-in-progress annotation")
     assert annotated == "true"
+    capture("vmi-marked-by-descheduler-eviction", kv.vmi(ns, "vm"))
+    capture("pod-virt-launcher-evacuating-source", kv.source_pod(ns, "vm"))
     # the evacuation controller's VMIM, and its Event
     (vmim,) = wait_for(lambda: kv.vmims(ns, "vm"), 30, "the evacuation VMIM")
     assert vmim["metadata"]["name"].startswith("kubevirt-evacuation-"), vmim["metadata"]
@@ -105,9 +123,11 @@ def test_descheduler_eviction_through_the_guard_and_virt_api_migrates_the_vm(kv,
     # the VMI's migrationState is copied onto the finished VMIM at its next sync (what the guard's history reads)
     done = wait_for(lambda: (m := kv.vmims(ns, "vm")[0])["status"].get("migrationState", {}).get("endTimestamp")
                     and m, 30, "virt-controller to copy the migrationState onto the VMIM")
+    capture("vmim-evacuation-succeeded", done)
     phases = [p["phase"] for p in done["status"]["phaseTransitionTimestamps"]]
     assert phases[-1] == "Succeeded" and "Running" in phases and "TargetReady" in phases, phases
     vmi = kv.vmi(ns, "vm")
+    capture("vmi-after-evacuation", vmi)
     assert vmi["status"]["nodeName"] == b and not vmi["status"].get("evacuationNodeName")
     assert EVICTION_SOURCE not in (vmi["metadata"].get("annotations") or {})
     assert done["status"]["migrationState"]["sourceNode"] == a and done["status"]["migrationState"]["targetNode"] == b
@@ -194,9 +214,14 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     # the pod annotation stays through the failed attempt (the VMI is still marked)
     assert kv.vmi(ns, "vm")["status"]["evacuationNodeName"] == a
     assert kv.source_pod(ns, "vm").metadata.annotations.get(EVICTION_IN_PROGRESS) == "true"
+    capture("vmi-marked-after-failed-attempt", kv.vmi(ns, "vm"))
+    capture("pod-virt-launcher-source-after-failed-attempt", kv.source_pod(ns, "vm"))
     # the retry: the evacuation controller wakes on a Node, VMI or VMIM update (not on pods), so after the failed
     # target pod ended it creates the next VMIM at virt-handler's next heartbeat at the latest (60 to 132 s)
     wait_for(lambda: len(kv.vmims(ns, "vm")) >= 2, 150, "the evacuation controller's retry")
+    failed, retry = kv.vmims(ns, "vm")[:2]
+    capture("vmim-evacuation-failed", failed)
+    capture("vmim-evacuation-retry", retry)
     # ... and virt-controller's backoff holds it until 20 s after the first failure
     failed_at = phase_time(first, "Failed")
     scheduling = wait_for(lambda: phase_time(kv.vmims(ns, "vm")[1], "Scheduling"), 90, "the retry to be scheduled")
@@ -222,6 +247,7 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     wait_for(lambda: EVICTION_IN_PROGRESS not in (kv.source_pod(ns, "vm").metadata.annotations or {}), 30,
              "virt-controller to remove eviction-in-progress")
     vmi = kv.vmi(ns, "vm")
+    capture("vmi-after-evacuate-cancel", vmi)
     assert vmi["status"]["nodeName"] == a
     source = (vmi["metadata"].get("annotations") or {}).get(EVICTION_SOURCE)
     wait_for(lambda: kv.events(ns, "vm", "EvacuationCancelled"), 30, "the guard's EvacuationCancelled Event")
