@@ -37,8 +37,10 @@ CAPTURED = ROOT / "build" / "e2e" / "kubevirt-objects"  # objects as real KubeVi
 
 def capture(name: str, obj) -> None:
     """Keep an object as the API server returned it, for the fixtures of ``make test`` (managedFields dropped)."""
-    if not isinstance(obj, dict):
+    if not isinstance(obj, dict):  # a typed core/v1 object from a list: name its kind, as the API server's GET does
+        kind = type(obj).__name__.removeprefix("V1")
         obj = ApiClient().sanitize_for_serialization(obj)
+        obj.update(apiVersion=obj.get("apiVersion") or "v1", kind=obj.get("kind") or kind)
     obj = json.loads(json.dumps(obj))
     obj.get("metadata", {}).pop("managedFields", None)
     CAPTURED.mkdir(parents=True, exist_ok=True)
