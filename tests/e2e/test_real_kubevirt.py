@@ -186,9 +186,17 @@ def test_node_budget_and_virt_api_refusal_of_a_marked_vm(kv, detail):
     assert body["message"].startswith(f'admission webhook "{kv.installation.webhook_name}" denied the request: '
                                       f'Evacuation in progress: Eviction triggered evacuation of VMI "{ns}/first"'), body
     (held,) = wait_for(lambda: kv.nodes.migrations_of(ns, "first"), 30, "virt-handler to see the migration")
+    # the migration's target pod, created by virt-controller and bound by the scheduler: a drain's eviction of it
+    # is refused by the guard (rule 5) before virt-api, which would refuse it too ("Eviction request for target Pod")
+    (target,) = [p for p in kv.launcher_pods(ns, "first") if "kubevirt.io/migrationJobUID" in p.metadata.labels]
+    kv.cluster.sync()
+    code, body, audit = evict(kv, ns, target.metadata.name, descheduler=False)
+    assert code == 429 and guard_reason(kv, audit) == "migration_target", audit.get("annotations")
+    assert f'Eviction request for target Pod of VMI "{ns}/first"' in body["message"], body
     kv.nodes.set_plan(held, "succeed")
     wait_for(lambda: kv.vmims(ns, "first")[0].get("status", {}).get("phase") == "Succeeded", 60, "the migration")
-    _behaviours["budget"] = "node budget: the guard refused a second VM while KubeVirt migrated the first"
+    _behaviours["budget"] = ("node budget: the guard refused a second VM while KubeVirt migrated the first; the "
+                             "target pod virt-controller created refused as a migration target")
     detail["detail"] = f"{ns}: first marked by virt-api and migrating; second refused node_busy by the guard"
 
 
@@ -220,7 +228,7 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     capture("pod-virt-launcher-source-after-failed-attempt", kv.source_pod(ns, "vm"))
     # the retry: the evacuation controller wakes on a Node, VMI or VMIM update (not on pods), so after the failed
     # target pod ended it creates the next VMIM at virt-handler's next heartbeat at the latest (60 to 132 s)
-    wait_for(lambda: len(kv.vmims(ns, "vm")) >= 2, 150, "the evacuation controller's retry")
+    wait_for(lambda: len(kv.vmims(ns, "vm")) >= 2, 240, "the evacuation controller's retry")
     failed, retry = kv.vmims(ns, "vm")[:2]
     capture("vmim-evacuation-failed", failed)
     capture("vmim-evacuation-retry", retry)
