@@ -47,7 +47,7 @@ def binaries() -> Path:
     missing = missing_binaries()
     if missing:
         pytest.fail(f"e2e binaries missing in {BIN}: {', '.join(missing)}; build them with `make e2e` "
-                    "(or bash e2e/build.sh)", pytrace=False)
+                    "(or make e2e-bin)", pytrace=False)
     return BIN
 
 
