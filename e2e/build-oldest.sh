@@ -9,10 +9,10 @@ BIN=${E2E_OLDEST_BIN:-build/e2e/oldest/bin}
 BINARIES=(kube-apiserver kubectl etcd)
 key=$(cat e2e/oldest/go.mod e2e/oldest/go.sum e2e/build-oldest.sh | sha256sum | cut -c1-16)
 
-# Helm (v4, v3) and the descheduler are those of the main pins (e2e/build.sh), beside this minor's own binaries
+# Helm (v4, v3), the descheduler and KubeVirt are those of the main pins (e2e/build.sh, e2e/kubevirt/build.sh), beside this minor's own binaries
 MAIN_BIN=$(realpath -m "${E2E_BIN:-build/e2e/bin}")
 mkdir -p "$BIN"
-for b in helm helm3 descheduler; do ln -sfn "$MAIN_BIN/$b" "$BIN/$b"; done
+for b in helm helm3 descheduler kubevirt-manifests virt-api virt-controller; do ln -sfn "$MAIN_BIN/$b" "$BIN/$b"; done
 
 cached=1
 for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || cached=0; done

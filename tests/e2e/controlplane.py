@@ -15,8 +15,9 @@ default it would hold them open until killed, which makes a stop take 30 s here.
 
 An audit log (``audit.log``, level Metadata for every request, JSON lines) records who did what and what the
 authorizer and the admission webhooks said about it (``audit_events``): the RBAC check reads the guard's own calls
-from it, the eviction checks the webhook's audit annotations. ``install_crds`` registers the KubeVirt and
-KubeDescheduler CRDs of ``tests/e2e/crds`` (envtest's ``CRDDirectoryPaths``).
+from it, the eviction checks the webhook's audit annotations. ``install_crds`` registers KubeVirt's CRDs as
+KubeVirt's own generators print them and the KubeDescheduler CRD of ``tests/e2e/crds`` (envtest's
+``CRDDirectoryPaths``).
 
 The aggregation layer is set up as kubeadm sets it up: a front-proxy CA, the proxy client certificate the API server
 presents to aggregated API servers (``--proxy-client-cert-file``) and the request-header flags they read back from
@@ -53,7 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("E2E_BIN") or ROOT / "build" / "e2e" / "bin")
-BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm", "helm3")
+BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm", "helm3", "kubevirt-manifests")
 CRDS = Path(__file__).resolve().parent / "crds"
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN of the API server's proxy client certificate (kubeadm's)
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -409,11 +410,19 @@ class ControlPlane:
             raise RuntimeError(f"{' '.join(cmd[3:])} exited {out.returncode}:\n{out.stdout}{out.stderr}")
         return out
 
-    def install_crds(self, directory: Path = CRDS, timeout: float = 60) -> list[str]:
-        """``kubectl apply`` every CRD in ``directory`` and wait until each is Established and served."""
+    def install_crds(self, directory: Path = CRDS, timeout: float = 60, kubevirt: bool = True) -> list[str]:
+        """``kubectl apply`` every CRD in ``directory`` and (``kubevirt``) KubeVirt's own CRDs, as KubeVirt's
+        generators print them (``kubevirt-manifests``, built by ``e2e/kubevirt/build.sh``), and wait until each is
+        Established and served."""
         files = sorted(directory.glob("*.yaml"))
-        names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
-        self.kubectl("apply", "--server-side", *[a for f in files for a in ("-f", str(f))])
+        docs = [yaml.safe_load(f.read_text()) for f in files]
+        if kubevirt:
+            from tests.e2e.kubevirt import manifests  # here, not at import: that module builds on this one
+
+            docs += [o for o in manifests(self.bin) if o["kind"] == "CustomResourceDefinition"]
+        names = [d["metadata"]["name"] for d in docs]
+        self.kubectl("apply", "--server-side", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs),
+                     timeout=timeout + 60)
         self.kubectl("wait", "--for=condition=Established", "--timeout", f"{int(timeout)}s",
                      *[f"crd/{n}" for n in names], timeout=timeout + 10)
         return names
@@ -471,3 +480,6 @@ class ControlPlane:
         r = httpx.post(f"{self.etcd_url}/v3/kv/compaction", json={"revision": str(rev), "physical": True}, timeout=30)
         r.raise_for_status()
         return rev
+
+
+Process = _Process  # a local process with its log file (also what tests/e2e/kubevirt.py runs KubeVirt's binaries as)

@@ -15,7 +15,8 @@ What it serves is what virt-api serves for the guard (KubeVirt ``pkg/virt-api/ap
   VMI's node) carries the KubeVirt CR's ``nodeDrainTaintKey`` (default ``kubevirt.io/drain``) with effect
   NoSchedule, 200 with nothing done when the VMI is not marked, else a JSON patch of the VMI (``test`` of
   ``/status/evacuationNodeName`` against the body's ``evacuationNodeName``, then ``remove``; a failed patch is a 500,
-  as virt-api wraps it).
+  as virt-api wraps it). Like virt-api's route (no Produces), it answers 406 to an ``Accept`` header that does
+  not allow ``*/*``.
 
 It runs in the test process (a thread per connection) with virt-api's own identity: a ServiceAccount
 ``kubevirt/kubevirt-apiserver`` with the rights virt-api uses here (create SubjectAccessReviews, get and patch VMIs,
@@ -348,6 +349,13 @@ class VirtApi:
         return DRAIN_TAINT_KEY
 
 
+def _accepts_any(accept: str | None) -> bool:
+    """go-restful's check for a route without Produces: no Accept header, or one of its types is */*."""
+    if not accept:
+        return True
+    return any(t.split(";", 1)[0].strip() == "*/*" for t in accept.split(","))
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -400,6 +408,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.api._record(Request(method, path, user, 401))
                 return
             m = CANCEL.match(path)
+            if method == "PUT" and m and not _accepts_any(self.headers.get("Accept")):
+                # the route declares no Produces: go-restful (route.go matchesAccept) serves it only to an Accept
+                # that allows */*, else 406 with its plain-text body
+                self._plain(406, "406: Not Acceptable\n\nAvailable representations: ")
+                self.api._record(Request(method, path, user, 406))
+                return
             if method == "PUT" and m:
                 code, out = self.api.cancel(m.group(2), m.group(3), body)
         self._send(code, out)
