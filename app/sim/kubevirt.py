@@ -49,6 +49,7 @@ from app.domain.records import (
     DOMAIN_ANNOTATION,
     EVACUATION_MIGRATION,
     EVICTION_IN_PROGRESS,
+    KUBEVIRT_DRAIN_TAINT,
     MIGRATION_JOB_LABEL,
     kubevirt_from_object,
     migration_from_object,
@@ -376,10 +377,16 @@ class KubeVirt:
             self.concurrent_evacuations += 1
         self.marked_on[node] += 1
         vmi.evacuation_node = node
-        vmi.from_descheduler = from_descheduler
+        # the admitter adds the annotation for the descheduler and never removes it; only a successful
+        # migration does (virt-handler): a drain's eviction of a VMI the descheduler marked before (and whose
+        # mark was cancelled) still carries it, so its VMIM gets system-maintenance too
+        vmi.from_descheduler = vmi.from_descheduler or from_descheduler
         self.publish_vmi(vmi)
         self.schedule(now + ANNOTATION_DELAY, self._sync_annotation, (pod,))
-        self._create_vmim(vmi, now)
+        if not any(m.end is None for m in vmi.vmims):
+            # the evacuation controller skips a VMI with an unfinished VMIM (evacuation.go:480-520): one left
+            # from a cancelled mark runs on, and its end decides (a success clears the mark, a failure retries)
+            self._create_vmim(vmi, now)
         self.observe_leavers(pod.node)
         return Answer(False, f"{BACKGROUND} of {ref}", "kubevirt_evacuation")
 
@@ -594,11 +601,14 @@ class KubeVirt:
         """``PUT .../virtualmachineinstances/NAME/evacuate/cancel`` (v1.8+) with
         ``{"evacuationNodeName": node}``: clears the mark, so no new VMIM is created.
         It does not abort a migration already created (queued or running): that one
-        still runs, and only its retry is gone. Refused when the node carries a drain
-        taint or the mark is for another node. virt-controller then drops the pod's
+        still runs, and only its retry is gone. Refused when the node carries KubeVirt's
+        drain taint (``nodeDrainTaintKey``, ``kubevirt.io/drain``; any other taint, the
+        autoscaler's included, does not count) or the mark is for another node (the
+        patch's ``test`` fails): pkg/virt-api/rest/evacuate_cancel.go. The VMI keeps its
+        ``kubevirt.io/eviction-source`` annotation. virt-controller then drops the pod's
         eviction-in-progress annotation, as for any unmarked VMI."""
         target = self.node_by_name.get(node)
-        if vmi.evacuation_node != node or target is None or target.no_schedule:
+        if vmi.evacuation_node != node or target is None or target.no_schedule == KUBEVIRT_DRAIN_TAINT:
             return False
         self.marked_on[node] -= 1
         vmi.evacuation_node = ""
