@@ -158,9 +158,18 @@ e2e-oldest: $(STAMP) e2e-bin
 # (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
 # table in docs/simulator.md. Needs unshare (the descheduler runs in its own mount namespace) and Debian's
 # prometheus. `make e2e` runs a 90 s form of it.
+# DESCHEDULER=path POLICY=file [MODEL=mode] [STRUCTURE_ONLY=1]: also run that descheduler build with that policy as
+# the extra mode "custom" (beside the built-in ones; compared with the simulator's MODEL, default upstream; the
+# policy is refused unless the pinned descheduler's types read every key of it; STRUCTURE_ONLY=1 when it names
+# plugins only that build has). Its table then goes to build/e2e/outcome.json only, not into the docs.
+DESCHEDULER ?=
+POLICY ?=
+MODEL ?= upstream
+OUTCOME_EXTRA = $(if $(DESCHEDULER),--descheduler $(DESCHEDULER) --policy $(POLICY) --model $(MODEL) \
+                $(if $(STRUCTURE_ONLY),--structure-only),--docs docs/simulator.md)
 e2e-outcome: $(STAMP) e2e-bin
-	$(PY) -m tests.e2e.outcome --docs docs/simulator.md
-	$(PY) -m tools.figures stamp e2e-outcome
+	$(PY) -m tests.e2e.outcome $(OUTCOME_EXTRA)
+	$(if $(DESCHEDULER),,$(PY) -m tools.figures stamp e2e-outcome)
 
 # Every generated figure in the docs, regenerated on this machine (hours: the simulator's candidate comparison alone
 # takes about 15 minutes, the outcome run 13); each step stamps its section with the commit, the date, the machine
