@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.controlplane import BIN, CRDS, ROOT, CertificateAuthority, ControlPlane, Process, free_port, host_address
+from tests.live_support import eventually
 
 NAMESPACE = "kubevirt"
 GROUP = "subresources.kubevirt.io"
@@ -274,14 +275,7 @@ _SERVED: dict = {}  # virt-api's version answer, once a session started it
 
 def wait_for(check, timeout: float, what: str, every: float = 0.2):
     """``check()``'s first truthy value, polled every ``every`` s (gentle on the API server), else AssertionError."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+    return eventually(check, timeout, what, every)
 
 
 class RealKubeVirtCluster:
@@ -392,13 +386,9 @@ def _cluster_class():
         """The session's ``Cluster`` helpers, with a barrier made of objects real KubeVirt accepts from a user."""
 
         def sync(self, guard=None, timeout: float = 30.0) -> None:
-            g = guard or self.guard
-            if not self._barrier_ready:
-                if self.cp.kubectl("get", "namespace", BARRIER_NS, check=False).returncode != 0:
-                    self.objects.namespace(BARRIER_NS)
-                self._barrier_ready = True
-            before = {k: g.metric("kubevirt_eviction_guard_cache_objects", kind=k) for k in ("vmi", "vmim", "pod", "node")}
-            tag = self.unique("barrier")
+            super().sync(guard, timeout)
+
+        def barrier_objects(self, tag: str) -> None:
             self.objects.node(tag)
             vmi = self.objects.custom.create_namespaced_custom_object(
                 "kubevirt.io", "v1", BARRIER_NS, "virtualmachineinstances", vmi_body(BARRIER_NS, tag))
@@ -407,9 +397,6 @@ def _cluster_class():
                 {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
                  "metadata": {"name": tag, "namespace": BARRIER_NS}, "spec": {"vmiName": tag}})
             self.objects.launcher_pod(BARRIER_NS, vmi, tag, phase="Succeeded", ready=False)
-            for kind, n in before.items():
-                wait_for(lambda k=kind, n=n: g.metric("kubevirt_eviction_guard_cache_objects", kind=k) > n,
-                         timeout, f"the guard's {kind} watch to catch up", every=0.05)
 
     return RealCluster
 
