@@ -421,8 +421,9 @@ class ControlPlane:
 
             docs += [o for o in manifests(self.bin) if o["kind"] == "CustomResourceDefinition"]
         names = [d["metadata"]["name"] for d in docs]
-        self.kubectl("apply", "--server-side", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs),
-                     timeout=timeout + 60)
+        # one List: kubectl 1.30 reads a stream that starts with "{" as a single JSON document
+        self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                           "items": docs}), timeout=timeout + 60)
         self.kubectl("wait", "--for=condition=Established", "--timeout", f"{int(timeout)}s",
                      *[f"crd/{n}" for n in names], timeout=timeout + 10)
         return names
