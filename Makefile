@@ -7,7 +7,8 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-servers bench-watch reliability docs e2e e2e-bin e2e-outcome figures
+.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-servers bench-watch reliability docs e2e e2e-bin \
+	e2e-outcome e2e-oldest figures
 
 setup: $(STAMP)
 
@@ -123,6 +124,12 @@ bench-doc: $(STAMP)
 	$(PY) -m bench.doc $$(ls -1 bench/results/bench-*.json | tail -n 3) --doc docs/performance.md
 	$(PY) -m tools.figures stamp bench
 
+# The image as an OCI archive, build/image/kubevirt-eviction-guard.oci.tar, from Debian packages (mmdebstrap, umoci;
+# root) by the recipe the Dockerfile follows (image/); rebuilt only when image/, app/ or the pins change.
+.PHONY: image
+image:
+	bash image/build.sh
+
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
 # into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,
 # then cached: a warm run takes about 3 minutes, 2 of them the 90 s outcome run).
@@ -130,18 +137,39 @@ bench-doc: $(STAMP)
 E2E_ARGS ?=
 e2e-bin:
 	bash e2e/build.sh
+	bash e2e/kubevirt/build.sh
 
 e2e: $(STAMP) e2e-bin
 	$(PY) -m pytest -m e2e tests/e2e $(E2E_ARGS)
+
+# The control-plane checks (the guard beside kube-apiserver and etcd, the chart by Helm 3 and 4) against the oldest
+# Kubernetes minor the README promises: its kube-apiserver, kubectl and etcd pinned in e2e/oldest/go.mod, built once
+# into build/e2e/oldest/bin (cold: see docs/testing.md), Helm and the descheduler from `make e2e`'s pins. Writes
+# build/e2e/oldest/summary.json.
+E2E_OLDEST_SKIP = tests/e2e/test_outcome.py tests/e2e/test_eviction_request_api.py tests/e2e/test_node.py tests/e2e/test_real_kubevirt.py
+e2e-oldest: $(STAMP) e2e-bin
+	bash e2e/build-oldest.sh
+	E2E_BIN=build/e2e/oldest/bin E2E_SUMMARY=build/e2e/oldest/summary.json \
+	  E2E_KUBERNETES=$$(awk '$$1 == "k8s.io/kubernetes" {print $$2}' e2e/oldest/go.mod) \
+	  $(PY) -m pytest -m e2e tests/e2e $(addprefix --ignore=,$(E2E_OLDEST_SKIP)) $(E2E_ARGS)
 
 # The outcome run (about 13 minutes): the real descheduler without the guard, with it, and with evictionLimits.node
 # 1, 12 minutes of real time each (side by side), against the actor's KubeVirt, Prometheus and load model
 # (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
 # table in docs/simulator.md. Needs unshare (the descheduler runs in its own mount namespace) and Debian's
 # prometheus. `make e2e` runs a 90 s form of it.
+# DESCHEDULER=path POLICY=file [MODEL=mode] [STRUCTURE_ONLY=1]: also run that descheduler build with that policy as
+# the extra mode "custom" (beside the built-in ones; compared with the simulator's MODEL, default upstream; the
+# policy is refused unless the pinned descheduler's types read every key of it; STRUCTURE_ONLY=1 when it names
+# plugins only that build has). Its table then goes to build/e2e/outcome.json only, not into the docs.
+DESCHEDULER ?=
+POLICY ?=
+MODEL ?= upstream
+OUTCOME_EXTRA = $(if $(DESCHEDULER),--descheduler $(DESCHEDULER) --policy $(POLICY) --model $(MODEL) \
+                $(if $(STRUCTURE_ONLY),--structure-only),--docs docs/simulator.md)
 e2e-outcome: $(STAMP) e2e-bin
-	$(PY) -m tests.e2e.outcome --docs docs/simulator.md
-	$(PY) -m tools.figures stamp e2e-outcome
+	$(PY) -m tests.e2e.outcome $(OUTCOME_EXTRA)
+	$(if $(DESCHEDULER),,$(PY) -m tools.figures stamp e2e-outcome)
 
 # Every generated figure in the docs, regenerated on this machine (hours: the simulator's candidate comparison alone
 # takes about 15 minutes, the outcome run 13); each step stamps its section with the commit, the date, the machine

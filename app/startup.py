@@ -69,6 +69,22 @@ def list_live_store(args: argparse.Namespace) -> ClusterStore:
     return store
 
 
+def load_eviction_requests(args: argparse.Namespace):
+    """Kubernetes' EvictionRequests (lifecycle.k8s.io/v1alpha1) from the cluster, for explain and report; None when
+    reading a snapshot, or when the API server does not serve them or we may not list them (they are then not
+    mentioned: the API is alpha and off by default)."""
+    if args.snapshot:
+        return None
+    from app.cluster.kube import api_client
+    from app.cluster.listing import ListError, list_eviction_requests
+
+    with api_client(getattr(args, "kubeconfig", None), getattr(args, "kube_context", None)) as client:
+        try:
+            return list_eviction_requests(client)
+        except ListError as e:
+            raise UsageError(str(e)) from None
+
+
 def prometheus_source(args: argparse.Namespace, metrics=None):
     """The background Prometheus poller when ``--prometheus-url`` is given (not started), else None."""
     url = getattr(args, "prometheus_url", None)

@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Write e2e/go.mod and e2e/go.sum: the one place the end-to-end components are pinned.
+"""Write the e2e modules' go.mod and go.sum: the one place the end-to-end components are pinned.
 
-The real kube-apiserver, kubectl, etcd, descheduler and Helm are built from the Go module proxy as *tools* of one
-throwaway module, so they share one compiled copy of the Kubernetes libraries. A module whose own go.mod has
-replace directives (k8s.io/kubernetes points every staging module at ./staging/src; the descheduler pins
-kube-openapi) cannot be built with `go install pkg@version`: replace directives only apply in the main module. So
-this module repeats them: each staging module at the matching v0.X.Y release, kube-openapi at the version
-k8s.io/kubernetes itself requires.
+e2e/go.mod: the real kube-apiserver, kubectl, the node's binaries, etcd, descheduler and Helm (v4 and v3), built from
+the Go module proxy as *tools* of one throwaway module, so they share one compiled copy of the Kubernetes libraries.
+e2e/oldest/go.mod: kube-apiserver, kubectl and etcd of the oldest Kubernetes minor the README promises, for the
+control-plane checks against it (``make e2e-oldest``); etcd at the version that Kubernetes release requires.
 
-Usage: python3 e2e/pin.py [--kubernetes v1.36.3] [--etcd v3.6.8] [--descheduler v0.36.0] [--helm v4.2.4] [--helm3 v3.22.0]
-(needs the Go module proxy; the versions not given are kept from the current go.mod). sum.golang.org is not
-required: go.sum records what the proxy served, and every later build is checked against it (-mod=readonly).
+A module whose own go.mod has replace directives (k8s.io/kubernetes points every staging module at ./staging/src;
+the descheduler pins kube-openapi) cannot be built with `go install pkg@version`: replace directives only apply in
+the main module. So each module here repeats them: each staging module at the matching v0.X.Y release,
+kube-openapi at the version k8s.io/kubernetes itself requires.
+
+Usage: python3 e2e/pin.py [--kubernetes v1.37.2] [--etcd v3.6.8] [--descheduler v0.36.0] [--helm v4.2.4]
+[--helm3 v3.22.0] [--oldest v1.30.14] (needs the Go module proxy; the versions not given are kept from the current
+go.mod files). sum.golang.org is not required: go.sum records what the proxy served, and every later build is
+checked against it (-mod=readonly). A version given is a minimum: `go mod tidy` raises a module to what another
+pinned module requires (etcd to what k8s.io/kubernetes requires, for one); the go.mod written says what is built.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+OLDEST = HERE / "oldest"
 MODULES = {
     "kubernetes": "k8s.io/kubernetes",
     "etcd": "go.etcd.io/etcd/server/v3",
@@ -43,6 +49,7 @@ TOOLS = [
     "helm.sh/helm/v4/cmd/helm",
     "helm.sh/helm/v3/cmd/helm",
 ]
+OLDEST_TOOLS = ["k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubectl", "go.etcd.io/etcd/server/v3"]
 STAGING = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/\1\s*$", re.M)
 REQUIRE = re.compile(r"^\s*(\S+)\s+(v\S+)", re.M)
 
@@ -52,10 +59,10 @@ def go(*args: str, cwd: Path = HERE) -> str:
     return subprocess.run(["go", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
-def current_versions() -> dict[str, str]:
-    text = (HERE / "go.mod").read_text() if (HERE / "go.mod").exists() else ""
+def current_versions(gomod: Path, modules: dict[str, str]) -> dict[str, str]:
+    text = gomod.read_text() if gomod.exists() else ""
     found = dict(REQUIRE.findall(text))
-    return {key: found[path] for key, path in MODULES.items() if path in found}
+    return {key: found[path] for key, path in modules.items() if path in found}
 
 
 def upstream_gomod(path: str, version: str) -> str:
@@ -63,31 +70,22 @@ def upstream_gomod(path: str, version: str) -> str:
     return Path(info["GoMod"]).read_text()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for key in MODULES:
-        parser.add_argument(f"--{key}", help=f"version of {MODULES[key]}")
-    args = parser.parse_args()
-    versions = current_versions()
-    versions.update({k: v for k, v in vars(args).items() if v})
-    missing = [k for k in MODULES if k not in versions]
-    if missing:
-        parser.error(f"no version for {', '.join(missing)} (give --{missing[0]})")
-
-    k8s = versions["kubernetes"]
+def write_module(directory: Path, name: str, what: str, requires: dict[str, str], tools: list[str]) -> str:
+    """go.mod (and, by `go mod tidy`, go.sum) of a throwaway module in ``directory`` building ``tools``, with
+    k8s.io/kubernetes's staging modules and kube-openapi replaced as its own go.mod implies."""
+    k8s = requires["k8s.io/kubernetes"]
     staging_version = "v0." + k8s.removeprefix("v1.")
-    k8s_mod = upstream_gomod(MODULES["kubernetes"], k8s)
+    k8s_mod = upstream_gomod("k8s.io/kubernetes", k8s)
     staging = sorted(set(STAGING.findall(k8s_mod)))
     openapi = dict(REQUIRE.findall(k8s_mod))["k8s.io/kube-openapi"]
-
     lines = [
-        "// Generated by e2e/pin.py: the pinned components `make e2e` builds and runs against. Edit with pin.py.",
-        "module kubevirt-eviction-guard/e2e",
+        f"// Generated by e2e/pin.py: {what}. Edit with pin.py.",
+        f"module {name}",
         "",
         "go 1.26.0",
         "",
         "require (",
-        *(f"\t{MODULES[k]} {versions[k]}" for k in MODULES),
+        *(f"\t{path} {version}" for path, version in requires.items()),
         ")",
         "",
         f"// k8s.io/kubernetes {k8s} resolves its staging modules from ./staging/src; here, the {staging_version} releases.",
@@ -99,13 +97,40 @@ def main() -> int:
         "// built with exactly its own dependencies.",
         f"replace k8s.io/kube-openapi => k8s.io/kube-openapi {openapi}",
         "",
-        *(f"tool {t}" for t in TOOLS),
+        *(f"tool {t}" for t in tools),
         "",
     ]
-    (HERE / "go.mod").write_text("\n".join(lines))
-    (HERE / "go.sum").unlink(missing_ok=True)
-    go("mod", "tidy")  # (`go get -tool` cannot resolve k8s.io/kubernetes's v0.0.0 staging requirements; tidy can)
-    print(f"pinned: {', '.join(f'{k} {versions[k]}' for k in MODULES)}; {len(staging)} staging modules at {staging_version}")
+    directory.mkdir(exist_ok=True)
+    (directory / "go.mod").write_text("\n".join(lines))
+    (directory / "go.sum").unlink(missing_ok=True)
+    go("mod", "tidy", cwd=directory)  # (`go get -tool` cannot resolve k8s.io/kubernetes's v0.0.0 staging requirements; tidy can)
+    built = dict(REQUIRE.findall((directory / "go.mod").read_text()))
+    return ", ".join(f"{p} {built.get(p, v)}" for p, v in requires.items()) + f"; {len(staging)} staging modules at {staging_version}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for key in MODULES:
+        parser.add_argument(f"--{key}", help=f"version of {MODULES[key]}")
+    parser.add_argument("--oldest", help="the oldest k8s.io/kubernetes release the control-plane checks run against")
+    args = parser.parse_args()
+    versions = current_versions(HERE / "go.mod", MODULES)
+    versions.update({k: v for k, v in vars(args).items() if v and k in MODULES})
+    missing = [k for k in MODULES if k not in versions]
+    if missing:
+        parser.error(f"no version for {', '.join(missing)} (give --{missing[0]})")
+    oldest = args.oldest or current_versions(OLDEST / "go.mod", {"k": "k8s.io/kubernetes"}).get("k")
+    if not oldest:
+        parser.error("no version for the oldest Kubernetes (give --oldest)")
+
+    print("pinned:", write_module(HERE, "kubevirt-eviction-guard/e2e",
+                                  "the pinned components `make e2e` builds and runs against",
+                                  {MODULES[k]: versions[k] for k in MODULES}, TOOLS))
+    # etcd at what that Kubernetes release requires (the etcd it was released with and tested against)
+    etcd = dict(REQUIRE.findall(upstream_gomod("k8s.io/kubernetes", oldest)))["go.etcd.io/etcd/server/v3"]
+    print("oldest:", write_module(OLDEST, "kubevirt-eviction-guard/e2e/oldest",
+                                  "the oldest promised Kubernetes minor, for `make e2e-oldest`",
+                                  {"k8s.io/kubernetes": oldest, "go.etcd.io/etcd/server/v3": etcd}, OLDEST_TOOLS))
     return 0
 
 

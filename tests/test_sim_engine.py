@@ -121,7 +121,7 @@ def test_cli_runs_seeds_and_modes_writes_summary_json_plots_csv_and_the_readme(t
     scenario = tmp_path / "s.yaml"
     scenario.write_text(json.dumps(HOT_NODE), encoding="utf-8")
     readme = tmp_path / "README.md"
-    readme.write_text("# project\n\nintro\n\n<!-- simulate:begin -->\nold\n<!-- simulate:end -->\n\nafter\n",
+    readme.write_text("# project\n\nintro\n\n<!-- simulate:begin -->\nstale-section-text\n<!-- simulate:end -->\n\nafter\n",
                       encoding="utf-8")
     out_dir = tmp_path / "out"
     args = ["simulate", "--scenario", str(scenario), "--seeds", "1-2", "--modes", "upstream,upstream+guard",
@@ -149,7 +149,7 @@ def test_cli_runs_seeds_and_modes_writes_summary_json_plots_csv_and_the_readme(t
     assert "## Simplifications of the model" in notes and "Only virt-launcher pods" in notes
     text = readme.read_text()
     assert text.startswith("# project\n\nintro\n") and text.count("<!-- simulate:begin -->") == 1
-    assert "old" not in text and text.endswith("<!-- simulate:end -->\n\nafter\n")
+    assert "stale-section-text" not in text and text.endswith("<!-- simulate:end -->\n\nafter\n")
     assert "--seeds 1-2" in text
 
 
@@ -227,3 +227,27 @@ def test_without_matplotlib_the_exact_install_command_is_named(tmp_path, capsys,
     assert err == f"kubevirt-eviction-guard simulate: no plots: matplotlib is not installed; install it with: {command}\n"
     assert f"(no plots: matplotlib is not installed; install it with: {command})" in out
     assert not list((tmp_path / "out").glob("*.png"))
+
+
+def test_balance_counts_time_above_the_descheduler_threshold_and_the_longest_hot_stretch():
+    from app.sim.metrics import balance
+
+    # a is 30 points above the mean at 0 and 10 s (hot for 20 s), cools at 20 s; b gets hot at 30 s until the end
+    scores = [{"a": 60, "b": 10, "c": 20}, {"a": 60, "b": 10, "c": 20}, {"a": 30, "b": 30, "c": 30},
+              {"a": 10, "b": 60, "c": 20}]
+    out = balance([0, 10, 20, 30], scores, 45, high=10)
+    assert out["hot_node_seconds"] == 20 + 15 and out["hot_longest_seconds"] == 20
+    assert out["spread_score"] == round(3 * (1400 / 3) ** 0.5 / 4, 3)  # std 21.6 three times, 0 once
+    # at the threshold exactly is not above it (the descheduler's ``>``)
+    assert balance([0], [{"a": 20, "b": 0}], 10, high=10)["hot_node_seconds"] == 0
+
+
+def test_the_descheduler_cycles_at_given_seconds_instead_of_its_interval():
+    from app.sim.engine import simulate
+    from app.sim.scenario import load_scenario
+
+    sc = load_scenario("tests/e2e/outcome/scenario.yaml")
+    regular = simulate(sc, "upstream", hours=0.05)
+    assert regular.descheduler_cycles == len(range(sc.descheduler.first_run, 180 + 1, sc.descheduler.interval))
+    given = simulate(sc, "upstream", hours=0.05, cycle_times=[26, 37, 47, 170])
+    assert given.descheduler_cycles == 4

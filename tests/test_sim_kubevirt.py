@@ -32,6 +32,7 @@ def test_admitter_checks_the_mark_first_then_the_target_pod_then_marks():
     kv.vmis[0].evacuation_node = ""  # as evacuate/cancel would leave it: now the target check answers
     answer = kv.admit_eviction(target.name, 3, True)
     assert not answer.allowed and not answer.background and answer.reason == "kubevirt_target_pod"
+    assert answer.message == "Eviction request for target Pod"  # pod-eviction-admitter.go:170, no VMI named
     assert len(kv.vmis[0].vmims) == 1
 
 
@@ -109,24 +110,45 @@ def test_transient_failure_rate_fails_attempts_and_they_are_retried():
 # ---- retry backoff and retention -------------------------------------------------
 
 
-def test_backoff_doubles_from_20s_per_consecutive_failure_with_no_cap():
-    assert [retry_backoff(n, 20) for n in range(9)] == [0, 20, 40, 80, 160, 320, 640, 1280, 2560]
+def test_backoff_counts_the_failed_evacuation_vmims_kept_since_the_last_success():
+    # virt-controller's handleMigrationBackoff: newest first until a Succeeded one, 20 s then doubling per Failed
+    assert retry_backoff([], 20) == 0
+    assert [retry_backoff(["Failed"] * n, 20) for n in range(6)] == [0, 20, 40, 80, 160, 320]
+    assert retry_backoff(["Failed", "Succeeded"], 20) == 0
+    assert retry_backoff(["Failed", "Failed", "Succeeded", "Failed", "Failed"], 20) == 40
+    assert retry_backoff(["Failed", "Pending", "Failed"], 20) == 40  # an unfinished one counts for nothing
 
 
-def test_a_failing_evacuation_retries_forever_and_keeps_five_finished_vmims():
-    # dirty rate above bandwidth: every attempt aborts after 10 s setup + 4 s first pass + 150 s = 164 s
+def test_a_failing_evacuation_retries_forever_held_back_at_most_320s():
+    # dirty rate above bandwidth: every attempt aborts after 10 s setup + 4 s first pass + 150 s = 164 s;
+    # the garbage collector keeps 5 finished VMIMs, so at most 5 failures count: 20 s x 2^4 = 320 s
     kv, clock, store = cluster(2, 1, memory=2.0, dirty_mib=1024)
     evict_vm(kv, 0, 0)
     clock.run_until(30_000)
     starts = [r.start for r in kv.finished]
     expected, t = [0], 0
     for n in range(1, len(starts)):
-        t = t + 164 + 20 * 2 ** (n - 1)
+        t = t + 164 + min(20 * 2 ** (n - 1), 320)
         expected.append(t)
-    assert starts == expected and len(starts) >= 8  # the 8th waited 2560 s: no cap at 320 s
+    assert starts == expected and len(starts) >= 20
     assert kv.vmis[0].evacuation_node == "n0"
     kept = store.migrations(NAMESPACE, "vm00")
     assert sum(1 for m in kept if m.finished) == 5 and sum(1 for m in kept if not m.finished) == 1
+    assert all(m.name.startswith("kubevirt-evacuation-") and len(m.name) == 25 for m in kept)
+
+
+def test_the_backoff_runs_from_the_previous_failure_and_a_success_resets_it():
+    kv, clock, _ = cluster(2, 1, memory=2.0, dirty_mib=1024)
+    vmi = kv.vmis[0]
+    evict_vm(kv, 0, 0)
+    clock.run_until(164 + 20 + 164 + 1)  # two failures: the third attempt waits 40 s from the second's end
+    pending = vmi.vmims[-1]
+    assert [m.phase for m in vmi.vmims] == ["Failed", "Failed", "Pending"]
+    assert pending.eligible_at == kv.finished[-1].end + 40
+    vmi.vm.dirty_rate = 0.0  # the next attempt succeeds: nothing older than it counts any more
+    clock.run_until(2000)
+    assert kv.finished[-1].failed is False and vmi.evacuation_node == ""
+    assert retry_backoff([m.phase for m in vmi.vmims], 20) == 0
 
 
 def test_success_clears_the_mark_and_moves_the_pod():

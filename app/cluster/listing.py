@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from app.cluster.snapshot import SnapshotStats
 from app.cluster.store import ClusterStore
 from app.domain.descheduler import descheduler_from_object
+from app.domain.evictionrequests import GROUP, PLURAL, VERSION, EvictionRequestRecord, eviction_request_from_object
 from app.domain.kinds import DESCHEDULER, KUBEVIRT, NODE, POD, VMI, VMIM
 from app.domain.records import (
     LAUNCHER_LABEL,
@@ -129,3 +130,21 @@ def list_optional(custom: CustomObjectsApi, store: ClusterStore, stats: Snapshot
         store.replace(DESCHEDULER, [descheduler_from_object(obj)])
         stats.loaded[DESCHEDULER] = 1
 
+
+def list_eviction_requests(client: ApiClient) -> list[EvictionRequestRecord] | None:
+    """Every ``lifecycle.k8s.io/v1alpha1`` EvictionRequest, or None when the API server does not serve them (before
+    1.37, or the ``EvictionRequestAPI`` gate or the API version off: 404) or we may not list them (403)."""
+    custom = CustomObjectsApi(client)
+    records = []
+    try:
+        for item in _pages(f"{PLURAL}.{GROUP}",
+                           lambda **kw: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw)):
+            try:
+                records.append(eviction_request_from_object(item))
+            except RecordError:
+                continue
+    except ListError as e:
+        if e.status in OPTIONAL_MISSING:
+            return None
+        raise
+    return records

@@ -150,7 +150,10 @@ class KubeEffectsApi:
         # the generated clients have no method for KubeVirt's aggregated API: the client's own request path
         api = self.custom.api_client
         request = api.param_serialize("PUT", CANCEL_PATH, path_params={"namespace": namespace, "name": name},
-                                      header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                                      # virt-api's route declares no Produces: go-restful answers 406 unless
+                                      # Accept allows */* (client-go's default Accept does)
+                                      header_params={"Accept": "application/json, */*",
+                                                     "Content-Type": "application/json"},
                                       body={"evacuationNodeName": node}, auth_settings=["BearerToken"])
         try:
             resp = api.call_api(*request, _request_timeout=self.timeout)

@@ -7,6 +7,7 @@ import sys
 from typing import Any, TextIO
 
 from app.cluster.store import ClusterStore
+from app.domain.evictionrequests import EvictionRequestRecord, requests_for_pod
 from app.domain.usage import UsageSnapshot
 from app.inspect.cluster import kubevirt_fields
 from app.inspect.fields import decision_fields, duration_text, emit, seconds, timestamp
@@ -28,7 +29,7 @@ from app.policy.decide import (
 )
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionAttempt, PolicySettings
 from app.policy.nodecool import NodeCooldown
-from app.startup import UsageError, clock, load_store, policy_settings, prometheus_source
+from app.startup import UsageError, clock, load_eviction_requests, load_store, policy_settings, prometheus_source
 from app.timefmt import format_duration, format_timestamp
 
 EXIT_ALLOWED, EXIT_DENIED = 0, 1  # 2: usage or input error (app.cli)
@@ -52,6 +53,7 @@ def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if store.pod(req.namespace, req.name) is None:
         where = f"in {args.snapshot}" if args.snapshot else "among the cluster's virt-launcher pods"
         raise UsageError(f"pod {req.namespace}/{req.name} not found {where}")
+    requests = load_eviction_requests(args)
     usage = None
     source = prometheus_source(args)
     if source is not None:  # one round of queries, here and now
@@ -60,14 +62,16 @@ def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
             usage = source.current()
         finally:
             source.stop()
-    model = explanation(req, store, now, settings, usage)
+    model = explanation(req, store, now, settings, usage, requests)
     emit(model, getattr(args, "output", "text"), explanation_text, out)
     return EXIT_ALLOWED if model["allowed"] else EXIT_DENIED
 
 
 def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings: PolicySettings,
-                usage: UsageSnapshot | None = None) -> dict[str, Any]:
-    """The decision (``allowed``, ``code``, ``reason``, ``message``) and the inputs it was made from."""
+                usage: UsageSnapshot | None = None,
+                eviction_requests: list[EvictionRequestRecord] | None = None) -> dict[str, Any]:
+    """The decision (``allowed``, ``code``, ``reason``, ``message``) and the inputs it was made from.
+    ``eviction_requests``: Kubernetes' EvictionRequests of the cluster (None: not served, or a snapshot)."""
     d = decide(req, store, now, settings, usage=usage)
     model: dict[str, Any] = decision_fields(d)
     model["retryIn"] = seconds(d.remaining)  # seconds until a cooldown denial lifts (rules 8b, 8c, 9); else None
@@ -75,10 +79,13 @@ def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings:
                         "requester": "descheduler" if req.requested_by else f"user:{req.username}",
                         "requestedBy": req.requested_by or None, "username": req.username or None}
     model["now"] = timestamp(now)
-    model.update(pod=None, node=None, vmi=None)
+    model.update(pod=None, node=None, vmi=None, evictionRequests=None)
     pod = store.pod(req.namespace, req.name)
     if pod is None:
         return model
+    if eviction_requests is not None:
+        model["evictionRequests"] = [eviction_request_fields(r, now) for r in
+                                     requests_for_pod(eviction_requests, pod.namespace, pod.name, pod.uid)]
     node = store.node(pod.node)
     model["pod"] = {"node": pod.node or None, "phase": pod.phase or None, "launcher": pod.is_launcher,
                     "vmi": pod.vmi_name or None, "evictionInProgress": pod.eviction_in_progress,
@@ -125,6 +132,26 @@ def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings:
                                                    settings.target_node_cooldown)
     model["steering"] = steering_fields(pod.node, vmi, store, now, settings, usage) if usage is not None else None
     return model
+
+
+def eviction_request_fields(r: EvictionRequestRecord, now: float) -> dict[str, Any]:
+    """One of Kubernetes' EvictionRequests (lifecycle.k8s.io/v1alpha1) for the pod, as report and explain show it."""
+    return {"name": r.name, "requester": r.requester or None, "intent": r.intent or None, "pending": r.pending,
+            "ended": r.ended or None, "created": timestamp(r.created),
+            "age": seconds(now - r.created) if r.created is not None else None}
+
+
+def eviction_requests_text(requests: list[dict[str, Any]] | None) -> list[str]:
+    """Nothing when the cluster serves no EvictionRequests or none targets the pod."""
+    if not requests:
+        return []
+    pending = [r for r in requests if r["pending"]]
+    lines = [f"eviction requests (lifecycle.k8s.io/v1alpha1): {len(pending)} pending of {len(requests)}"]
+    for r in requests:
+        state = "pending" if r["pending"] else (r["ended"] or f"intent {r['intent'] or '-'}")
+        lines.append(f"  {r['name']}: requester {r['requester'] or '-'}, {state}, created {r['created'] or '-'}"
+                     + (f" ({duration_text(r['age'], '?')} ago)" if r["age"] is not None else ""))
+    return lines
 
 
 def leaving_others(store: ClusterStore, vmi, node: str, now: float, settings: PolicySettings) -> list[dict[str, Any]]:
@@ -184,6 +211,7 @@ def explanation_text(m: dict[str, Any]) -> str:
                    f"vmi={pod['vmi'] or '-'} eviction-in-progress={pod['evictionInProgress']}"
                    f" prefer-no-eviction={pod['preferNoEviction']} pinned={pod['pinnedTo'] or 'no'}"),
               f"node:     {node['name'] or '-'} draining={(node['draining'] or 'no') if node['known'] else 'unknown'}"]
+    lines += eviction_requests_text(m["evictionRequests"])
     if vmi is None:
         return "\n".join(lines) + "\n"
     lines.append(f"vmi:      node={vmi['node'] or '-'} evacuationNodeName={vmi['evacuationNodeName'] or '-'}"

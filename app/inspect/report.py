@@ -11,13 +11,14 @@ from app.cluster.migrations import cause_of
 from app.cluster.store import ClusterStore
 from app.domain.records import FINAL_PHASES, LauncherPod, VMIRecord
 from app.inspect.cluster import cluster_warnings, descheduler_fields, kubevirt_fields
-from app.inspect.explain import node_rest_fields, requester_request
+from app.domain.evictionrequests import EvictionRequestRecord, requests_for_pod
+from app.inspect.explain import eviction_request_fields, node_rest_fields, requester_request
 from app.inspect.fields import NO_POD_STATE, decision_fields, duration_text, emit, seconds, state_of, table, timestamp
 from app.inspect.vm import launcher_pods, per_vm, short_notes, vm_cooldown
 from app.policy import decide
 from app.policy.decide import not_migratable, source_cooldown, target_cooldown
 from app.policy.model import PolicySettings, Reason
-from app.startup import clock, load_store, policy_settings
+from app.startup import clock, load_eviction_requests, load_store, policy_settings
 from app.timefmt import format_duration
 
 HISTORY_PER_VMI = 5  # what KubeVirt keeps: the 5 most recent finalized VMIMs per VMI
@@ -28,14 +29,22 @@ def report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     settings = policy_settings(args)
     now = clock(args)()
-    emit(report_model(load_store(args), now, settings), getattr(args, "output", "text"), report_text, out)
+    store = load_store(args)
+    emit(report_model(store, now, settings, load_eviction_requests(args)), getattr(args, "output", "text"),
+         report_text, out)
     return 0
 
 
-def report_model(store: ClusterStore, now: float, settings: PolicySettings) -> dict[str, Any]:
+def report_model(store: ClusterStore, now: float, settings: PolicySettings,
+                 eviction_requests: list[EvictionRequestRecord] | None = None) -> dict[str, Any]:
+    """``eviction_requests``: Kubernetes' EvictionRequests of the cluster (None: not served, or a snapshot)."""
     pods = launcher_pods(store)
     vmis = sorted(store.vmis(), key=lambda v: v.key)
     rows = [vmi_row(store, v, pods.get(v.key), now, settings) for v in vmis]
+    pending = pending_requests(vmis, pods, eviction_requests, now) if eviction_requests is not None else None
+    for row in rows:
+        if pending and any(p["namespace"] == row["namespace"] and p["vmi"] == row["name"] for p in pending):
+            row["notes"].append("eviction-requested")
     model: dict[str, Any] = {
         "cluster": {"now": timestamp(now), "vmis": len(rows), "nodes": len(store.nodes()),
                     "migrationHistoryWindow": seconds(settings.migration_history_window),
@@ -45,6 +54,8 @@ def report_model(store: ClusterStore, now: float, settings: PolicySettings) -> d
         "vmis": rows,
         "nodeCooldowns": node_cooldowns(store, now, settings),
         "migrations": [dict(namespace=v.namespace, vmi=v.name, **m) for v in vmis for m in migration_history(store, v)],
+        # Kubernetes' pending EvictionRequests for the VMs' launcher pods; None when the cluster serves none
+        "evictionRequests": pending,
     }
     podless = [f"{r['namespace']}/{r['name']}" for r in rows if r["state"] == NO_POD_STATE]
     if podless:
@@ -54,6 +65,19 @@ def report_model(store: ClusterStore, now: float, settings: PolicySettings) -> d
     pinned = [f"{r['namespace']}/{r['name']}" for r in rows if r["pinned"]]
     model["warnings"] += cluster_warnings(store, now, settings, pinned)
     return model
+
+
+def pending_requests(vmis: list[VMIRecord], pods: dict, requests: list[EvictionRequestRecord],
+                     now: float) -> list[dict[str, Any]]:
+    """The pending EvictionRequests whose target is a VM's launcher pod, by VM, oldest first."""
+    out = []
+    for v in vmis:
+        pod = pods.get(v.key)
+        if pod is None:
+            continue
+        out += [{"namespace": v.namespace, "vmi": v.name, "pod": pod.name, **eviction_request_fields(r, now)}
+                for r in requests_for_pod(requests, pod.namespace, pod.name, pod.uid) if r.pending]
+    return out
 
 
 def warning(reason: str, message: str) -> dict[str, str]:
@@ -153,7 +177,19 @@ def report_text(m: dict[str, Any]) -> str:
     text += (f"\n{c['vmis']} VMIs as of {c['now']}; STATE and REASON: the guard's decision for a descheduler "
              f"eviction of the VM's launcher pod (the reasoning: explain -n NAMESPACE --pod POD); migrations "
              f"counted in the last {format_duration(c['migrationHistoryWindow'])}\n")
-    return text + node_cooldowns_text(m["nodeCooldowns"]) + history_text(m["migrations"])
+    return (text + node_cooldowns_text(m["nodeCooldowns"]) + history_text(m["migrations"])
+            + eviction_requests_text(m.get("evictionRequests")))
+
+
+def eviction_requests_text(pending: list[dict[str, Any]] | None) -> str:
+    """Nothing when the cluster serves no EvictionRequests or none is pending for a launcher pod."""
+    if not pending:
+        return ""
+    rows = [[f"{p['namespace']}/{p['vmi']}", p["pod"], p["name"], p["requester"] or "-", p["created"] or "-"]
+            for p in pending]
+    return ("\nPending EvictionRequests (lifecycle.k8s.io/v1alpha1) for launcher pods (the guard judges the "
+            "pods/eviction call their last responder makes):\n"
+            + table(["VMI", "POD", "EVICTIONREQUEST", "REQUESTER", "CREATED"], rows, "  "))
 
 
 def cluster_text(c: dict[str, Any]) -> str:

@@ -58,6 +58,8 @@ class RunData:
     score_std: list[float] = field(default_factory=list)  # across schedulable nodes, score points
     cpu_std: list[float] = field(default_factory=list)  # fraction of capacity
     node_cpu: list[list[float]] = field(default_factory=list)  # per node, per sample
+    node_scores: list[dict[str, int]] = field(default_factory=list)  # per sample: schedulable node -> score
+    high: float = 10.0  # the descheduler's threshold above the mean (points)
     drains: list[Drain] = field(default_factory=list)
     descheduler_outcomes: Counter = field(default_factory=Counter)
     answers: Counter = field(default_factory=Counter)
@@ -124,8 +126,11 @@ class Simulation:
     KubeVirt's failures and target ties): the same cluster and load, another roll of the dice."""
 
     def __init__(self, scenario: Scenario, mode: str, hours: float | None = None,
-                 guard_overrides: dict | None = None, draw: int = 0) -> None:
+                 guard_overrides: dict | None = None, draw: int = 0, cycle_times: list[int] | None = None) -> None:
         self.sc = scenario
+        # the descheduler's cycles at these seconds instead of firstRun + k x interval (a real run's, as it logged
+        # them: the model then sees the states the real descheduler saw)
+        self.cycle_times = None if cycle_times is None else sorted(cycle_times)
         spec = parse_mode(mode)
         self.duration = int((hours if hours is not None else scenario.hours) * 3600)
         # each run gets its own copy: profiles carry random-walk state
@@ -162,6 +167,7 @@ class Simulation:
         self.data = RunData(
             mode=mode, duration=self.duration, vm_count=len(self.vms), sample_interval=scenario.sample_interval,
             interval=ds.interval, node_names=[n.name for n in self.nodes], node_cpu=[[] for _ in self.nodes],
+            high=ds.high,
         )
 
     # ---- the event queue -----------------------------------------------------
@@ -176,7 +182,11 @@ class Simulation:
     def run(self) -> RunData:
         ds = self.ds
         self.schedule(0, PRIO_SAMPLE, self.sample)
-        self.schedule(ds.first_run, PRIO_DESCHEDULER, self.descheduler_cycle, (0,))
+        if self.cycle_times is None:
+            self.schedule(ds.first_run, PRIO_DESCHEDULER, self.descheduler_cycle, (0,))
+        else:
+            for t in self.cycle_times:
+                self.schedule(t, PRIO_DESCHEDULER, self.descheduler_cycle, (0, False))
         self.schedule(ds.sweep_interval, PRIO_DESCHEDULER, self.descheduler_sweep)
         self.schedule(ds.first_run, PRIO_DESCHEDULER, self.soft_tainter)
         for e in self.sc.events:
@@ -234,13 +244,15 @@ class Simulation:
         live = [i for i, node in enumerate(self.nodes) if not node.cordoned and not node.no_schedule]
         d.cpu_std.append(_pstdev([cpu_use[i] for i in live]))
         d.score_std.append(_pstdev([float(scores[i]) for i in live]))
+        d.node_scores.append({self.nodes[i].name: scores[i] for i in live})
 
-    def descheduler_cycle(self, now: int, generation: int) -> None:
+    def descheduler_cycle(self, now: int, generation: int, again: bool = True) -> None:
         if generation != self._cycle_generation:
             return  # a restart replaced this schedule
         result = self.desched.cycle(now)
         self._account_stall(now, result)
-        self.schedule(now + self.ds.interval, PRIO_DESCHEDULER, self.descheduler_cycle, (generation,))
+        if again:
+            self.schedule(now + self.ds.interval, PRIO_DESCHEDULER, self.descheduler_cycle, (generation,))
 
     def _account_stall(self, now: int, result: CycleResult) -> None:
         """Stall: an overutilised node, no new eviction, the limits full of in-flight
@@ -341,5 +353,5 @@ def _pstdev(xs: list[float]) -> float:
 
 
 def simulate(scenario: Scenario, mode: str, hours: float | None = None, guard_overrides: dict | None = None,
-             draw: int = 0) -> RunData:
-    return Simulation(scenario, mode, hours, guard_overrides, draw).run()
+             draw: int = 0, cycle_times: list[int] | None = None) -> RunData:
+    return Simulation(scenario, mode, hours, guard_overrides, draw, cycle_times).run()

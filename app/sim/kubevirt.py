@@ -6,30 +6,41 @@ server would hold, projected by the production ``*_from_object`` functions.
 The guard reads that store and nothing else, so it decides on exactly what it
 would see in a cluster (timestamps included, truncated to the second).
 
-Mechanics (simulation-model.md v2):
+Mechanics, each as KubeVirt v1.8.3's code has it (paths under its module; v1.9.0 is the same where it matters):
 - the eviction admitter checks, in order: the VMI is already marked ->
-  ``Evacuation in progress: Eviction triggered evacuation``; the pod is not on
-  the VMI's node (a migration target) -> ``Eviction request for target Pod``;
-  otherwise it marks the VMI and answers ``Eviction triggered evacuation``;
-- the launcher pod's ``eviction-in-progress`` annotation follows the mark
-  (virt-controller sets it a second later) and stays through failed attempts;
-- one VMIM per marked VMI, priority ``system-maintenance`` when the descheduler
-  marked it, ``system-critical`` otherwise; at most 5 run per cluster and 2
-  outbound per source node, pending ones taken by priority then age;
+  ``Evacuation in progress: Eviction triggered evacuation of VMI "NS/NAME"``; the pod is not on
+  the VMI's node (a migration target) -> ``Eviction request for target Pod``, with nothing more;
+  otherwise it marks the VMI (``status.evacuationNodeName``, and ``kubevirt.io/eviction-source:
+  descheduler`` when the Eviction carries ``requested-by: sigs.k8s.io/descheduler``) and answers
+  ``Eviction triggered evacuation of VMI "NS/NAME"``
+  (pkg/virt-api/webhooks/validating-webhook/admitters/pod-eviction-admitter.go:165-181);
+- the launcher pod's ``descheduler.alpha.kubernetes.io/eviction-in-progress`` annotation follows
+  the mark on the VMI's current pod (virt-controller, a reconcile later; pkg/virt-controller/watch/
+  vmi/lifecycle.go:215-226) and so stays through failed attempts; a success moves the VMI, clears
+  the mark and the eviction-source annotation (virt-handler, pkg/virt-handler/migration-target.go:207-213);
+- one VMIM per marked VMI, named ``kubevirt-evacuation-xxxxx``, priority ``system-maintenance`` when
+  the descheduler marked it, ``system-critical`` otherwise (pkg/virt-controller/watch/drain/evacuation/
+  evacuation.go:337-358, with the MigrationPriorityQueue feature gate: GA in v1.9, Beta and off unless
+  enabled in v1.8; without it VMIMs carry no priority and the evacuation controller creates them only
+  for free slots, evacuation.go:380-417, which this model does not do); at most 5 run per cluster and
+  2 outbound per source node (migration.go:1364, 1378), pending ones taken by priority, then (here)
+  by age: virt-controller's queue re-offers the highest-priority pending ones when a slot frees
+  (migration.go:442-475), its order among equals is not defined;
 - a migration copies the guest memory over the source node's NIC, shared by
   the node's outbound migrations, while the guest dirties pages; it aborts at
   the completion timeout (150 s per GiB) or after 150 s without progress; a
-  target pod that cannot schedule fails the VMIM after 5 minutes;
-- after a failure the VMI stays marked and a new VMIM is created at once, held
-  back 20 s doubling per consecutive failure since the last success (no cap);
-- the 5 most recent finished VMIMs of a VMI are kept.
+  target pod that cannot schedule fails the VMIM after 5 minutes (migration.go:86);
+- after a failure the VMI stays marked and a new VMIM is created at once, held back by
+  ``retry_backoff``: 20 s doubling per failed evacuation VMIM still kept since the last success,
+  so at most 320 s (migration.go:1051-1113);
+- the 5 most recent finished VMIMs of a VMI are kept (migration.go:91, 2264-2300).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.cluster.store import ClusterStore
@@ -38,6 +49,7 @@ from app.domain.records import (
     DOMAIN_ANNOTATION,
     EVACUATION_MIGRATION,
     EVICTION_IN_PROGRESS,
+    KUBEVIRT_DRAIN_TAINT,
     MIGRATION_JOB_LABEL,
     kubevirt_from_object,
     migration_from_object,
@@ -176,10 +188,35 @@ def migration_duration(memory: float, dirty_rate: float, bandwidth: float, s: Ku
     return s.setup_seconds + math.ceil(min(stall, timeout) - EPS), True
 
 
-def retry_backoff(failures_since_success: int, initial: int) -> int:
-    """The hold-back of a new VMIM: ``initial`` doubling per consecutive failure since the
-    last success (0 after a success or none), with no cap."""
-    return 0 if failures_since_success <= 0 else initial * 2 ** (failures_since_success - 1)
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the API server's generateName alphabet (apimachinery's rand.String)
+
+
+def vmim_name(seq: int) -> str:
+    """The evacuation controller's VMIM name: ``generateName: kubevirt-evacuation-`` (kubevirt v1.8.3
+    pkg/virt-controller/watch/drain/evacuation/evacuation.go:345), with 5 characters of the API server's
+    alphabet; here derived from the sequence number so runs stay reproducible."""
+    out = ""
+    for _ in range(5):
+        seq, r = divmod(seq, len(_NAME_CHARS))
+        out = _NAME_CHARS[r] + out
+    return "kubevirt-evacuation-" + out
+
+
+def retry_backoff(previous: Sequence[str], initial: int) -> int:
+    """The hold-back of a new evacuation VMIM, as virt-controller's ``handleMigrationBackoff``
+    computes it (kubevirt v1.8.3 pkg/virt-controller/watch/migration/migration.go:1051-1113): over
+    the VMI's evacuation VMIMs that still exist (``previous``: their phases, oldest first, the new
+    one not among them), newest first until a Succeeded one, ``initial`` for the first Failed and
+    doubled for each further Failed; unfinished ones count for nothing. The wait runs from the newest
+    previous VMIM's failure. Since the garbage collector keeps only 5 finished VMIMs per VMI
+    (migration.go:91, 2264-2300), at most 5 failures count: the wait tops out at ``initial`` x 2^4."""
+    backoff = 0
+    for phase in reversed(previous):
+        if phase == "Succeeded":
+            break
+        if phase == "Failed":
+            backoff = initial if backoff == 0 else backoff * 2
+    return backoff
 
 
 class KubeVirt:
@@ -334,16 +371,22 @@ class KubeVirt:
         if vmi.evacuation_node:
             return Answer(False, f"Evacuation in progress: {BACKGROUND} of {ref}", "kubevirt_evacuation_in_progress")
         if pod.node is not vmi.node:
-            return Answer(False, f"Eviction request for target Pod of {ref}", "kubevirt_target_pod")
+            return Answer(False, "Eviction request for target Pod", "kubevirt_target_pod")
         node = pod.node.name
         if from_descheduler and self.marked_on[node] > 0:
             self.concurrent_evacuations += 1
         self.marked_on[node] += 1
         vmi.evacuation_node = node
-        vmi.from_descheduler = from_descheduler
+        # the admitter adds the annotation for the descheduler and never removes it; only a successful
+        # migration does (virt-handler): a drain's eviction of a VMI the descheduler marked before (and whose
+        # mark was cancelled) still carries it, so its VMIM gets system-maintenance too
+        vmi.from_descheduler = vmi.from_descheduler or from_descheduler
         self.publish_vmi(vmi)
         self.schedule(now + ANNOTATION_DELAY, self._sync_annotation, (pod,))
-        self._create_vmim(vmi, now)
+        if not any(m.end is None for m in vmi.vmims):
+            # the evacuation controller skips a VMI with an unfinished VMIM (evacuation.go:480-520): one left
+            # from a cancelled mark runs on, and its end decides (a success clears the mark, a failure retries)
+            self._create_vmim(vmi, now)
         self.observe_leavers(pod.node)
         return Answer(False, f"{BACKGROUND} of {ref}", "kubevirt_evacuation")
 
@@ -351,17 +394,21 @@ class KubeVirt:
 
     def _create_vmim(self, vmi: VMI, now: int) -> None:
         self._seq += 1
-        backoff = retry_backoff(vmi.failures_since_success, self.s.backoff_initial)
+        previous = vmi.vmims  # what the garbage collector left, oldest first
+        backoff = retry_backoff([m.phase for m in previous], self.s.backoff_initial)
+        eligible = now
+        if backoff and previous[-1].phase == "Failed" and previous[-1].end is not None:
+            eligible = max(now, previous[-1].end + backoff)
         m = Migration(
-            seq=self._seq, name=f"{vmi.name}-evacuation-{self._seq:06d}", uid=f"uid-vmim-{self._seq:06d}", vmi=vmi,
-            created=now, eligible_at=now + backoff,
+            seq=self._seq, name=vmim_name(self._seq), uid=f"uid-vmim-{self._seq:06d}", vmi=vmi,
+            created=now, eligible_at=eligible,
             priority=PRIORITY_DESCHEDULER if vmi.from_descheduler else PRIORITY_DRAIN,
             evacuation_node=vmi.evacuation_node,
         )
         vmi.vmims.append(m)
         self.pending.append(m)
         self.publish_vmim(m)
-        if backoff:
+        if eligible > now:
             self.schedule(m.eligible_at, self.try_start, ())
         else:
             self.try_start(now)
@@ -554,11 +601,14 @@ class KubeVirt:
         """``PUT .../virtualmachineinstances/NAME/evacuate/cancel`` (v1.8+) with
         ``{"evacuationNodeName": node}``: clears the mark, so no new VMIM is created.
         It does not abort a migration already created (queued or running): that one
-        still runs, and only its retry is gone. Refused when the node carries a drain
-        taint or the mark is for another node. virt-controller then drops the pod's
+        still runs, and only its retry is gone. Refused when the node carries KubeVirt's
+        drain taint (``nodeDrainTaintKey``, ``kubevirt.io/drain``; any other taint, the
+        autoscaler's included, does not count) or the mark is for another node (the
+        patch's ``test`` fails): pkg/virt-api/rest/evacuate_cancel.go. The VMI keeps its
+        ``kubevirt.io/eviction-source`` annotation. virt-controller then drops the pod's
         eviction-in-progress annotation, as for any unmarked VMI."""
         target = self.node_by_name.get(node)
-        if vmi.evacuation_node != node or target is None or target.no_schedule:
+        if vmi.evacuation_node != node or target is None or target.no_schedule == KUBEVIRT_DRAIN_TAINT:
             return False
         self.marked_on[node] -= 1
         vmi.evacuation_node = ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 
 from app.sim.engine import RunData
@@ -51,10 +52,37 @@ def drain_seconds(d: RunData) -> int | None:
     return max(dr.done - dr.start for dr in d.drains)  # type: ignore[operator]
 
 
+def balance(sample_times: list[float], scores: list[dict[str, int]], end: float, high: float) -> dict:
+    """Balance over a run, from the node scores (percent) as the descheduler reads them at each load sample:
+    ``spread_score``, the mean over samples of their standard deviation; ``hot_node_seconds``, node-seconds above
+    the descheduler's threshold (more than ``high`` points over the mean: the nodes it calls overutilised), a
+    sample counting until the next one (the last until ``end``); ``hot_longest_seconds``, the longest one node
+    stayed above it without a break. Computed the same way for the simulator and for a real run."""
+    stds, hot, longest = [], 0.0, 0.0
+    since: dict[str, float] = {}
+    for i, (t, row) in enumerate(zip(sample_times, scores)):
+        nxt = sample_times[i + 1] if i + 1 < len(sample_times) else end
+        if not row:
+            continue
+        values = list(row.values())
+        mean_ = sum(values) / len(values)
+        stds.append(math.sqrt(sum((v - mean_) ** 2 for v in values) / len(values)))
+        over = {n for n, v in row.items() if v > mean_ + high}
+        for n in list(since):
+            if n not in over:
+                del since[n]
+        for n in over:
+            since.setdefault(n, t)
+            longest = max(longest, nxt - since[n])
+        hot += len(over) * max(0.0, nxt - t)
+    return {"spread_score": round(mean(stds), 3), "hot_node_seconds": round(hot), "hot_longest_seconds": round(longest)}
+
+
 def summarize(d: RunData) -> dict:
     runs = d.runs
     days = d.duration / 86400
     per_vm = Counter(r.vm for r in runs)
+    hot = balance(d.sample_times, d.node_scores, d.duration, d.high)
     return {
         "migrations_total": len(runs),
         "migrations_descheduler": sum(1 for r in runs if r.cause == "descheduler"),
@@ -63,6 +91,8 @@ def summarize(d: RunData) -> dict:
         "repeat_migrations_6h": repeat_moves(runs),
         "spread_score": round(mean(d.score_std), 3),
         "spread_cpu": round(100 * mean(d.cpu_std), 3),
+        "hot_node_seconds": hot["hot_node_seconds"],
+        "hot_longest_seconds": hot["hot_longest_seconds"],
         "drain_seconds": drain_seconds(d),
         "stall_seconds": d.stall_seconds,
         "stall_max_one_vm_seconds": max(d.stall_by_vm.values(), default=0),

@@ -27,6 +27,13 @@ SIMPLIFICATIONS = (
     "below the share, only the first pass progresses, then the no-progress timeout (150 s) aborts it; the "
     "completion timeout is 150 s x GiB from the copy start. No post-copy, auto-converge, target NIC limit or "
     "migration network separate from the node NIC.",
+    "KubeVirt as v1.9 runs it (v1.8 with its MigrationPriorityQueue feature gate enabled): a VMIM for every marked "
+    "VMI at once, started by priority, then age, within 5 per cluster and 2 outbound per node; after a failed "
+    "attempt the retry waits 20 s doubled per failed evacuation VMIM still kept since the last success (5 are "
+    "kept, so at most 320 s), counted from that failure.",
+    "Balance: at each load sample, the std of the schedulable nodes' scores, and the nodes more than the "
+    "descheduler's high threshold above their mean (the ones it calls overutilised), each counting until the "
+    "next sample.",
     "Transient failures: with the configured probability an attempt fails at a random point (10-100% of its "
     "nominal copy time on an unshared NIC), if it is still copying then.",
     "Targets: nodes with room for the memory request, not cordoned, without a NoSchedule taint; the fewest "
@@ -63,6 +70,8 @@ ROWS = (
     ("VMs at KubeVirt's alert (12 in 24 h)", "vms_alerting_12_in_24h", "{:.1f}"),
     ("spread: std of node score (points)", "spread_score", "{:.2f}"),
     ("spread: std of node CPU (pp)", "spread_cpu", "{:.2f}"),
+    ("nodes above the descheduler's threshold (node-s)", "hot_node_seconds", "{:.0f}"),
+    ("... longest one node stayed above it (s)", "hot_longest_seconds", "{:.0f}"),
     ("drain completion (s)", "drain_seconds", "{:.0f}"),
     ("most VMs leaving one node at once (descheduler-caused, not drained)", "max_leaving_per_node", "{:.1f}"),
     ("descheduler stalled by failing in-flight entries (s)", "stall_seconds", "{:.0f}"),

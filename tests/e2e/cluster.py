@@ -95,14 +95,17 @@ class Cluster:
                 self.objects.namespace(BARRIER_NS)
             self._barrier_ready = True
         before = {k: g.metric("kubevirt_eviction_guard_cache_objects", kind=k) for k in ("vmi", "vmim", "pod", "node")}
-        tag = self.unique("barrier")
+        self.barrier_objects(self.unique("barrier"))
+        for kind, n in before.items():
+            eventually(lambda k=kind, n=n: g.metric("kubevirt_eviction_guard_cache_objects", kind=k) > n,
+                       timeout, f"the guard's {kind} watch to catch up", every=0.05)
+
+    def barrier_objects(self, tag: str) -> None:
+        """One new object of each watched kind, named ``tag``."""
         self.objects.node(tag)
         vmi = self.objects.vmi(BARRIER_NS, tag, tag)
         self.objects.vmim(BARRIER_NS, tag, tag, "Succeeded")
         self.objects.launcher_pod(BARRIER_NS, vmi, tag, phase="Succeeded", ready=False)
-        for kind, n in before.items():
-            eventually(lambda k=kind, n=n: g.metric("kubevirt_eviction_guard_cache_objects", kind=k) > n,
-                       timeout, f"the guard's {kind} watch to catch up")
 
     # ---- evictions ----
 

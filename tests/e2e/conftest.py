@@ -22,6 +22,8 @@ import pytest
 from tests.e2e.cluster import Cluster
 from tests.e2e.controlplane import BIN, ROOT, ControlPlane, binary_version, missing_binaries
 from tests.e2e.guard import GuardProcess, Installation, fullname, install_chart
+from tests.e2e.kubevirt import KubeVirt, RealKubeVirtCluster
+from tests.e2e.kubevirt import missing_binaries as missing_kubevirt
 from tests.e2e.virtapi import VirtApi
 
 SUMMARY = Path(os.environ.get("E2E_SUMMARY") or ROOT / "build" / "e2e" / "summary.json")
@@ -45,7 +47,7 @@ def binaries() -> Path:
     missing = missing_binaries()
     if missing:
         pytest.fail(f"e2e binaries missing in {BIN}: {', '.join(missing)}; build them with `make e2e` "
-                    "(or bash e2e/build.sh)", pytrace=False)
+                    "(or make e2e-bin)", pytrace=False)
     return BIN
 
 
@@ -152,12 +154,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for key, name in (("kube_apiserver", "kube-apiserver"), ("etcd", "etcd"), ("descheduler", "descheduler")):
         path = BIN / name
         summary[key] = {"path": str(path.resolve()), "version": binary_version(name) if path.exists() else None}
-    helm = BIN / "helm"
-    summary["helm"] = {"how": f"helm CLI built from helm.sh/helm/v4 ({binary_version('helm') if helm.exists() else '?'})",
-                       "path": str(helm.resolve())}
+    summary["kubernetes"] = summary["kube_apiserver"]["version"]
+    for key, name, module in (("helm", "helm", "helm.sh/helm/v4"), ("helm3", "helm3", "helm.sh/helm/v3")):
+        path = BIN / name
+        version = binary_version(name) if path.exists() else None
+        summary[key] = {"how": f"helm CLI built from {module} ({version or '?'})", "version": version,
+                        "path": str(path.resolve())}
+    summary["kubevirt"] = KubeVirt.summary(BIN)
     summary["checks"] = list(_checks.values())
     if OUTCOME.exists():
         summary["outcome"] = json.loads(OUTCOME.read_text())
+    from tests.e2e.node import NODE_INFO
+
+    if NODE_INFO:  # tests/e2e/test_node.py ran: kubelet's, containerd's and runc's versions
+        summary["node"] = NODE_INFO
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -166,3 +176,36 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def cluster(control_plane: ControlPlane, guard: GuardProcess) -> Cluster:
     """Objects, evictions and the audit log of the control plane, synced against the session's guard."""
     return Cluster(control_plane, guard)
+
+
+# ---- real KubeVirt (tests/e2e/kubevirt.py): a control plane of its own -------------------------------------------
+
+# The chart's values on the real-KubeVirt control plane: the canceller on, and a descheduler-caused evacuation stuck
+# after 2 failed attempts (KubeVirt's backoff makes that about 20 s of failures, not minutes).
+REAL_CHART_VALUES = {"cancelStuckEvacuations": {"enabled": True}, "policy": {"evacuationStaleAfterFailures": 2}}
+
+
+@pytest.fixture(scope="session")
+def real_kubevirt(binaries: Path, e2e_dir: Path) -> Iterator[RealKubeVirtCluster]:
+    """KubeVirt's own virt-api and virt-controller (built from the Go module proxy) installed as virt-operator would
+    on a control plane of their own, the actor's kubelet, scheduler and virt-handler beside them, and the chart
+    installed and its guard running there. A control plane of its own because real virt-api owns VMI status (it
+    resets every status write by anyone but KubeVirt's ServiceAccounts) and real virt-controller acts on every VMIM:
+    the hand-built states of the other checks cannot exist beside it."""
+    missing = missing_kubevirt()
+    if missing:
+        pytest.fail(f"KubeVirt binaries missing in {BIN}: {', '.join(missing)}; build them with `make e2e-bin` "
+                    "(or bash e2e/kubevirt/build.sh)", pytrace=False)
+    # no kubernetes Service endpoint is reconciled: nothing here reaches the API server through the Service, and
+    # Kubernetes 1.37 refuses a loopback advertise address for the endpoint reconciler
+    cp = ControlPlane(e2e_dir / "kubevirt-control-plane", binaries,
+                      extra_args=("--endpoint-reconciler-type=none",)).start()
+    stack = RealKubeVirtCluster(cp, e2e_dir / "kubevirt")
+    try:
+        if cp.kubectl("get", "namespace", DESCHEDULER_NAMESPACE, check=False).returncode != 0:
+            cp.kubectl("create", "namespace", DESCHEDULER_NAMESPACE)
+        stack.start(chart_values=REAL_CHART_VALUES, guard_args=GUARD_ARGS)
+        yield stack
+    finally:
+        stack.stop()
+        cp.stop()

@@ -15,8 +15,9 @@ default it would hold them open until killed, which makes a stop take 30 s here.
 
 An audit log (``audit.log``, level Metadata for every request, JSON lines) records who did what and what the
 authorizer and the admission webhooks said about it (``audit_events``): the RBAC check reads the guard's own calls
-from it, the eviction checks the webhook's audit annotations. ``install_crds`` registers the KubeVirt and
-KubeDescheduler CRDs of ``tests/e2e/crds`` (envtest's ``CRDDirectoryPaths``).
+from it, the eviction checks the webhook's audit annotations. ``install_crds`` registers KubeVirt's CRDs as
+KubeVirt's own generators print them and the KubeDescheduler CRD of ``tests/e2e/crds`` (envtest's
+``CRDDirectoryPaths``).
 
 The aggregation layer is set up as kubeadm sets it up: a front-proxy CA, the proxy client certificate the API server
 presents to aggregated API servers (``--proxy-client-cert-file``) and the request-header flags they read back from
@@ -53,7 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("E2E_BIN") or ROOT / "build" / "e2e" / "bin")
-BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm")
+BINARIES = ("kube-apiserver", "kubectl", "etcd", "descheduler", "helm", "helm3", "kubevirt-manifests")
 CRDS = Path(__file__).resolve().parent / "crds"
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN of the API server's proxy client certificate (kubeadm's)
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -62,6 +63,17 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages":
 
 def missing_binaries(bin_dir: Path = BIN) -> list[str]:
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+
+
+def legacy_endpoints(namespace: str, service: str, address: str, port: int, port_name: str = "") -> dict:
+    """The core/v1 Endpoints the endpoints controller writes beside a Service's EndpointSlice, for one ready address.
+    kube-apiserver 1.30 resolves an APIService's or a webhook Service's endpoints from them
+    (k8s.io/apiserver v0.30.14 pkg/util/proxy/proxy.go ``ResolveEndpoint(services, endpoints, ...)``); 1.37 reads
+    EndpointSlices (v0.37.2, same file: ``ResolveEndpoint(services, endpointSlices, ...)``). Tests write both, as a
+    cluster's two controllers do."""
+    return {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": service, "namespace": namespace},
+            "subsets": [{"addresses": [{"ip": address}],
+                         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}]}]}
 
 
 def free_port() -> int:
@@ -111,7 +123,7 @@ def _interface_addresses() -> list[str]:
 def binary_version(name: str, bin_dir: Path = BIN) -> str:
     """What the binary says of itself (``--version`` / ``version``), first line."""
     args = {"kube-apiserver": ["--version"], "kubectl": ["version", "--client"], "etcd": ["--version"],
-            "descheduler": ["version"], "helm": ["version", "--short"]}[name]
+            "descheduler": ["version"], "helm": ["version", "--short"], "helm3": ["version", "--short"]}[name]
     out = subprocess.run([str(bin_dir / name), *args], capture_output=True, text=True, timeout=30)
     return (out.stdout or out.stderr).strip().splitlines()[0]
 
@@ -224,16 +236,25 @@ class ControlPlane:
     """etcd + kube-apiserver in ``workdir``. ``start()`` returns when ``/readyz`` answers 200 to the admin."""
 
     def __init__(self, workdir: Path, bin_dir: Path = BIN, extra_args: tuple[str, ...] = (),
-                 webhook_client_hosts: tuple[str, ...] = ()) -> None:
+                 webhook_client_hosts: tuple[str, ...] = (), address: str = "127.0.0.1",
+                 prefix: list[str] | None = None, for_node: bool = False) -> None:
+        """``address``: where etcd and the API server listen (and what the API server advertises); ``prefix``: a
+        command both run under (tests/e2e/node.py: ``nsenter`` into the node's namespaces). ``for_node``: the API
+        server a kubelet and the controllers join: Node and RBAC authorization, the ServiceAccount and
+        NodeRestriction admission plugins on."""
+        if address != "127.0.0.1":
+            extra_args = ("--bind-address", address, "--advertise-address", address, *extra_args)
         self.dir = workdir
         self.bin = bin_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        self.url = f"https://{address}:{self.port}"
+        self.etcd_url = f"http://{address}:{self.etcd_port}"
         self.ca = CertificateAuthority()
         self.ca_path = self._write("ca.crt", self.ca.pem)
-        serving, serving_key = self.ca.issue("kube-apiserver", server=True)
+        # 10.96.0.1: the `kubernetes` Service's ClusterIP, the address in-cluster clients use
+        serving, serving_key = self.ca.issue("kube-apiserver", server=True,
+                                             ips=tuple(a for a in (address, "10.96.0.1") if a != "127.0.0.1"))
         self._write("apiserver.crt", serving)
         self._write("apiserver.key", serving_key)
         admin, admin_key = self.ca.issue("e2e-admin", org="system:masters")
@@ -256,24 +277,25 @@ class ControlPlane:
         self.etcd = _Process("etcd", [
             str(bin_dir / "etcd"), "--name", "e2e", "--data-dir", str(self.dir / "etcd"),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-            "--initial-cluster", f"e2e=http://127.0.0.1:{self.etcd_peer_port}",
+            "--listen-peer-urls", f"http://{address}:{self.etcd_peer_port}",
+            "--initial-advertise-peer-urls", f"http://{address}:{self.etcd_peer_port}",
+            "--initial-cluster", f"e2e=http://{address}:{self.etcd_peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn",
         ], self.dir / "etcd.log")
         self.apiserver = _Process("kube-apiserver", [
             str(bin_dir / "kube-apiserver"),
             "--etcd-servers", self.etcd_url, "--etcd-compaction-interval", "0",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
+            "--bind-address", "127.0.0.1", "--secure-port", str(self.port),
+            *([] if any(a.startswith("--advertise-address") for a in extra_args) else ["--advertise-address", "127.0.0.1"]),
             "--cert-dir", str(self.dir / "apiserver-certs"),
             "--tls-cert-file", str(self.dir / "apiserver.crt"), "--tls-private-key-file", str(self.dir / "apiserver.key"),
             "--client-ca-file", str(self.ca_path),
-            "--authorization-mode", "RBAC",
+            *(("--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction") if for_node
+              else ("--authorization-mode", "RBAC", "--disable-admission-plugins", "ServiceAccount")),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(self.dir / "sa.pub"),
             "--service-account-signing-key-file", str(self.dir / "sa.key"),
             "--service-cluster-ip-range", "10.96.0.0/16",
-            "--disable-admission-plugins", "ServiceAccount",
             "--allow-privileged=true",
             "--audit-policy-file", str(self.dir / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
             "--audit-log-format", "json", "--audit-log-mode", "blocking",
@@ -286,8 +308,15 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
             "--enable-aggregator-routing=true",
             *admission,
+            # 1.37 refuses to start when the endpoint reconciler would publish a loopback address as the `kubernetes`
+            # Service's endpoint (pkg/controlplane/instance.go: ValidateIP); Kubernetes' own test server turns the
+            # reconciler off for a loopback advertise address, as here, unless the caller sets either flag
+            *([] if any(a.startswith(("--advertise-address", "--endpoint-reconciler-type")) for a in extra_args)
+              else ["--endpoint-reconciler-type", "none"]),
             *extra_args,
         ], self.dir / "kube-apiserver.log")
+        for p in (self.etcd, self.apiserver):
+            p.cmd = [*(prefix or ()), *p.cmd]
 
     def _webhook_client_config(self, hosts: tuple[str, ...]) -> list[str]:
         """docs/install.md's AdmissionConfiguration and webhook kubeconfig: a client certificate (from its own CA,
@@ -381,11 +410,20 @@ class ControlPlane:
             raise RuntimeError(f"{' '.join(cmd[3:])} exited {out.returncode}:\n{out.stdout}{out.stderr}")
         return out
 
-    def install_crds(self, directory: Path = CRDS, timeout: float = 60) -> list[str]:
-        """``kubectl apply`` every CRD in ``directory`` and wait until each is Established and served."""
+    def install_crds(self, directory: Path = CRDS, timeout: float = 60, kubevirt: bool = True) -> list[str]:
+        """``kubectl apply`` every CRD in ``directory`` and (``kubevirt``) KubeVirt's own CRDs, as KubeVirt's
+        generators print them (``kubevirt-manifests``, built by ``e2e/kubevirt/build.sh``), and wait until each is
+        Established and served."""
         files = sorted(directory.glob("*.yaml"))
-        names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
-        self.kubectl("apply", "--server-side", *[a for f in files for a in ("-f", str(f))])
+        docs = [yaml.safe_load(f.read_text()) for f in files]
+        if kubevirt:
+            from tests.e2e.kubevirt import manifests  # here, not at import: that module builds on this one
+
+            docs += [o for o in manifests(self.bin) if o["kind"] == "CustomResourceDefinition"]
+        names = [d["metadata"]["name"] for d in docs]
+        # one List: kubectl 1.30 reads a stream that starts with "{" as a single JSON document
+        self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                           "items": docs}), timeout=timeout + 60)
         self.kubectl("wait", "--for=condition=Established", "--timeout", f"{int(timeout)}s",
                      *[f"crd/{n}" for n in names], timeout=timeout + 10)
         return names
@@ -428,6 +466,14 @@ class ControlPlane:
         r.raise_for_status()
         return int(r.json()["header"]["revision"])
 
+    def bump_etcd_revision(self) -> int:
+        """One write straight to etcd (a key outside the API server's prefix): the revision moves on without any
+        object changing, so a restarted API server's watch cache starts past every resourceVersion a client has."""
+        r = httpx.post(f"{self.etcd_url}/v3/kv/put", json={"key": base64.b64encode(b"/e2e/revision-bump").decode(),
+                                                           "value": base64.b64encode(b"1").decode()}, timeout=5)
+        r.raise_for_status()
+        return int(r.json()["header"]["revision"])
+
     def compact_etcd(self) -> int:
         """Compact etcd's history up to now (what the API server does every 5 minutes): watches that resume from an
         older resourceVersion than the API server's watch cache still holds get 410 Gone."""
@@ -435,3 +481,6 @@ class ControlPlane:
         r = httpx.post(f"{self.etcd_url}/v3/kv/compaction", json={"revision": str(rev), "physical": True}, timeout=30)
         r.raise_for_status()
         return rev
+
+
+Process = _Process  # a local process with its log file (also what tests/e2e/kubevirt.py runs KubeVirt's binaries as)

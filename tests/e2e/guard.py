@@ -32,7 +32,7 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.controlplane import ROOT, ControlPlane, free_port
+from tests.e2e.controlplane import ROOT, ControlPlane, free_port, legacy_endpoints
 from tests.values import merge
 
 CHART = ROOT / "charts" / "kubevirt-eviction-guard"
@@ -108,11 +108,12 @@ def credential_id(token: str) -> str:
     return "JTI=" + json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["jti"]
 
 
-def helm(cp: ControlPlane, *args: str, timeout: float = 120) -> str:
-    """The built Helm CLI against the control plane, as the admin; its stdout, or an error with its output."""
+def helm(cp: ControlPlane, *args: str, timeout: float = 120, binary: str = "helm") -> str:
+    """The built Helm CLI (``binary``: ``helm``, v4, or ``helm3``) against the control plane, as the admin; its
+    stdout, or an error with its output."""
     env = {**os.environ, "HELM_CACHE_HOME": str(cp.dir / "helm" / "cache"),
            "HELM_CONFIG_HOME": str(cp.dir / "helm" / "config"), "HELM_DATA_HOME": str(cp.dir / "helm" / "data")}
-    cmd = [str(cp.bin / "helm"), "--kubeconfig", str(cp.admin_kubeconfig), *args]
+    cmd = [str(cp.bin / binary), "--kubeconfig", str(cp.admin_kubeconfig), *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"helm {' '.join(args)} exited {out.returncode}:\n{out.stdout}{out.stderr}")
@@ -172,7 +173,8 @@ def publish_endpoint(inst: Installation, address: str, port: int) -> None:
                                    "endpointslice.kubernetes.io/managed-by": "e2e.kubevirt-eviction-guard.io"}},
            "addressType": "IPv4", "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}]}
-    inst.cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    endpoints = legacy_endpoints(inst.namespace, service["metadata"]["name"], address, port, "https")
+    inst.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [doc, endpoints]}))
 
 
 def uninstall_chart(inst: Installation) -> None:

@@ -119,9 +119,10 @@ class KubeObjects:
     def launcher_pod(self, namespace: str, vmi: dict | None, node: str, *, name: str | None = None,
                      vmi_name: str | None = None, job_uid: str | None = None, annotations: dict | None = None,
                      ready: bool = True, launcher: bool = True, phase: str = "Running",
-                     requests: dict | None = None) -> dict:
+                     requests: dict | None = None, spec: dict | None = None) -> dict:
         """A virt-launcher pod bound to ``node`` and owned by ``vmi`` (as virt-controller creates it), Running and
-        Ready as a kubelet would report it; ``requests`` of its compute container (default 100m, 2Gi)."""
+        Ready as a kubelet would report it; ``requests`` of its compute container (default 100m, 2Gi); ``spec``:
+        more fields of its spec."""
         vname = vmi_name or (vmi["metadata"]["name"] if vmi else "none")
         labels = {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": vname} if launcher else {"app": "web"}
         if vmi:
@@ -141,7 +142,8 @@ class KubeObjects:
                 "spec": {"nodeName": node, "terminationGracePeriodSeconds": 30,
                          "containers": [{"name": "compute", "image": LAUNCHER_IMAGE,
                                          "resources": {"requests": requests or {"cpu": "100m",
-                                                                                "memory": "2Gi"}}}]}}
+                                                                                "memory": "2Gi"}}}],
+                         **(spec or {})}}
         self.core.create_namespaced_pod(namespace, body)
         status = {"phase": phase, "hostIP": "10.0.0.1", "podIP": "10.128.0.10", "startTime": rfc3339(30),
                   "conditions": [{"type": "Ready", "status": "True" if ready else "False",

@@ -78,7 +78,9 @@ def test_stuck_descheduler_evacuation_cancelled_through_virt_api(cluster, guard,
     # the guard's PUT, through kube-apiserver's authorizer and proxy, to virt-api, which cleared the mark
     vmi = eventually(lambda: (v := cluster.objects.get_vmi(ns, "stuck"))["status"].get("evacuationNodeName") is None
                      and v, 30, "virt-api to clear the VMI's evacuationNodeName")
-    (put,) = audited(cp, user, "update", "virtualmachineinstances", ns, "stuck", "evacuate")
+    # the audit event is written once the response has gone out: a moment after virt-api's patch is visible
+    (put,) = eventually(lambda: audited(cp, user, "update", "virtualmachineinstances", ns, "stuck", "evacuate"), 10,
+                        "the audit event of the guard's PUT")
     assert put["requestURI"] == cancel_path(ns, "stuck") and put["objectRef"]["apiGroup"] == GROUP
     assert put["annotations"]["authorization.k8s.io/decision"] == "allow", put["annotations"]
     assert f'ClusterRole "{installation.fullname}"' in put["annotations"]["authorization.k8s.io/reason"]

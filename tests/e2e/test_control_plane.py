@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
-from tests.e2e.controlplane import binary_version
+from tests.e2e.controlplane import ROOT, binary_version
+
+
+def pinned_kubernetes() -> str:
+    """The Kubernetes release the run is meant to test: ``E2E_KUBERNETES`` (``make e2e-oldest`` sets it from
+    e2e/oldest/go.mod), else e2e/go.mod's k8s.io/kubernetes."""
+    if os.environ.get("E2E_KUBERNETES"):
+        return os.environ["E2E_KUBERNETES"]
+    m = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", (ROOT / "e2e" / "go.mod").read_text(), re.M)
+    assert m, "e2e/go.mod pins no k8s.io/kubernetes"
+    return m.group(1)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -17,12 +28,15 @@ def _version(text: str) -> tuple[int, ...]:
 
 @pytest.mark.check("binaries report their versions")
 def test_binaries_report_true_versions(binaries, detail):
-    versions = {name: binary_version(name) for name in ("kube-apiserver", "etcd", "descheduler", "helm", "kubectl")}
-    assert _version(versions["kube-apiserver"]) >= (1, 36, 0), versions
-    assert _version(versions["kubectl"]) >= (1, 36, 0), versions
+    versions = {name: binary_version(name)
+                for name in ("kube-apiserver", "etcd", "descheduler", "helm", "helm3", "kubectl")}
+    pinned = _version(pinned_kubernetes())
+    assert _version(versions["kube-apiserver"]) == pinned, versions
+    assert _version(versions["kubectl"]) == pinned, versions
     assert _version(versions["etcd"]) >= (3, 5, 0), versions
     assert _version(versions["descheduler"]) >= (0, 36, 0), versions
-    assert _version(versions["helm"]) >= (3, 0, 0), versions
+    assert _version(versions["helm"]) >= (4, 0, 0), versions
+    assert (3, 0, 0) <= _version(versions["helm3"]) < (4, 0, 0), versions
     detail["detail"] = "; ".join(f"{k}: {v}" for k, v in versions.items())
 
 
@@ -38,4 +52,5 @@ def test_api_server_serves_evictions_and_admission(control_plane, detail):
     assert eviction["group"] == "policy" and eviction["version"] == "v1", eviction
     kinds = {r["kind"] for r in admission["resources"]}
     assert {"MutatingWebhookConfiguration", "ValidatingAdmissionPolicy"} <= kinds
+    assert version["gitVersion"] == pinned_kubernetes(), version
     detail["detail"] = f"kube-apiserver {version['gitVersion']} ready"

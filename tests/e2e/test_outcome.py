@@ -87,7 +87,7 @@ def test_outcome_with_the_guard_keeps_the_promises(short_outcome, detail):
 @pytest.mark.check("descheduler limits as the simulator models them")
 def test_a_node_with_one_vm_in_flight_is_limited_as_the_simulator_limits_it(runs, detail):
     limits = runs[1]
-    real, model = limits["modes"]["descheduler"], limits["model"]["upstream"]
+    real, model = limits["modes"]["descheduler"], limits["model"]["descheduler"]
     checked = limits["cycle_check"]["descheduler"]
     # every visit of the hot node, cycle by cycle, is what the simulator's descheduler does in that state:
     # evictionLimits.node (1) counts the cycle's own evictions, the in-flight pod among them when it is met first;

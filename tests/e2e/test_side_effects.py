@@ -155,7 +155,9 @@ def test_events_on_the_vmi_created_and_aggregated(cluster, guard, installation, 
     assert "requested by sigs.k8s.io/descheduler as e2e-admin (triggered by profile" in event.message, event.message
     assert event.first_timestamp <= event.last_timestamp
     created = guard_writes(cluster.cp, installation, "create", "events", ns)
-    patched = guard_writes(cluster.cp, installation, "patch", "events", ns)
+    # the audit event of the last patch is written once its response has gone out: a moment after the count shows
+    patched = eventually(lambda: guard_writes(cluster.cp, installation, "patch", "events", ns), 10,
+                         "the audit events of the guard's Event patches")
     assert [e["responseStatus"]["code"] for e in created] == [201]
     assert patched and all(e["responseStatus"]["code"] == 200 for e in patched)
     # kubectl shows it as users see it

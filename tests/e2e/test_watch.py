@@ -94,6 +94,10 @@ def test_a_resume_from_compacted_history_gets_410_and_the_guard_relists(cluster,
     guard.pause()
     try:
         control_plane.stop_apiserver(signal.SIGTERM)  # ends every open watch cleanly, then exits
+        # the restarted API server's watch cache then starts past every kind's last resourceVersion; else a kind
+        # whose last event was the newest write resumes from exactly where the cache starts and needs no relist
+        # (seen with kube-apiserver 1.30: the pod watch resumed, no 410)
+        control_plane.bump_etcd_revision()
         control_plane.start_apiserver()
         cluster.objects.patch_vmi(ns, "v", {"status": {"evacuationNodeName": node}})
         cluster.objects.custom.delete_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachineinstances",
@@ -111,11 +115,18 @@ def test_a_resume_from_compacted_history_gets_410_and_the_guard_relists(cluster,
     eventually(lambda: set(relisted_since_resume()) == set(KINDS), 30, "every kind to be relisted")
     assert min(relisted_since_resume().values()) >= compacted
     # what the real server answered each resume: 410, or (a CRD's watch cache being built on first use) 429
-    answered = {d["kind"]: d.get("why") or d["msg"] for d in guard.logs()[lines:]
-                if d.get("msg") == "resourceVersion expired; relisting" or d.get("cause") == "throttled"}
-    gone_410 = {k: why for k, why in answered.items() if "too old resource version" in why or why.startswith("410")}
-    assert gone_410, f"no 410 from the real server: {answered}"
-    for k in gone_410:
+    # every answer per kind: a kind may get its 410, then a 429 while the restarted server's cache is rebuilt
+    answered: dict[str, list[str]] = {}
+    for d in guard.logs()[lines:]:
+        if d.get("kind") in KINDS and (d.get("msg") == "resourceVersion expired; relisting"
+                                       or d.get("cause") == "throttled"):
+            answered.setdefault(d["kind"], []).append(d.get("why") or d["msg"])
+    gone_410 = {k: whys for k, whys in answered.items()
+                if any("too old resource version" in why or why.startswith("410") for why in whys)}
+    restarts = [(d.get("kind"), d.get("cause"), d.get("msg")) for d in guard.logs()[lines:] if d.get("kind") in KINDS
+                and d.get("msg") != "listed"]
+    assert gone_410, f"no 410 from the real server: {answered}; the watches' log since the pause: {restarts}"
+    for k in gone_410.keys() & set(KINDS):  # (the KubeVirt CR's watch may get its 410 too: counted under its own kind)
         assert guard.metric("kubevirt_eviction_guard_watch_restarts_total", kind=k, cause="expired") > expired[k]
     eventually(lambda: guard.readyz() == (200, {"ready": True, "stale": []}), 20, "every kind to be current")
     assert reason_of(cluster, hook, ns, vm.pod_name) == (429, "evacuation_pending")

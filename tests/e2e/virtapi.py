@@ -15,7 +15,8 @@ What it serves is what virt-api serves for the guard (KubeVirt ``pkg/virt-api/ap
   VMI's node) carries the KubeVirt CR's ``nodeDrainTaintKey`` (default ``kubevirt.io/drain``) with effect
   NoSchedule, 200 with nothing done when the VMI is not marked, else a JSON patch of the VMI (``test`` of
   ``/status/evacuationNodeName`` against the body's ``evacuationNodeName``, then ``remove``; a failed patch is a 500,
-  as virt-api wraps it).
+  as virt-api wraps it). Like virt-api's route (no Produces), it answers 406 to an ``Accept`` header that does
+  not allow ``*/*``.
 
 It runs in the test process (a thread per connection) with virt-api's own identity: a ServiceAccount
 ``kubevirt/kubevirt-apiserver`` with the rights virt-api uses here (create SubjectAccessReviews, get and patch VMIs,
@@ -45,7 +46,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from tests.e2e.controlplane import CertificateAuthority, ControlPlane, host_address
+from tests.e2e.controlplane import CertificateAuthority, ControlPlane, host_address, legacy_endpoints
 
 GROUP = "subresources.kubevirt.io"
 VERSIONS = ("v1", "v1alpha3")
@@ -167,7 +168,9 @@ class VirtApi:
                          "name": "extension-apiserver-authentication-reader"},
              "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]},
         ]
-        kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+        # one List: kubectl 1.30 reads a stream that starts with "{" as JSON only (k8s.io/apimachinery v0.30.14
+        # pkg/util/yaml/decoder.go, YAMLOrJSONDecoder: GuessJSONStream), so "---" between JSON documents breaks it
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
         token = self.cp.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         self.http = httpx.Client(base_url=self.cp.url, verify=ssl.create_default_context(cafile=str(self.cp.ca_path)),
                                  headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -200,13 +203,14 @@ class VirtApi:
                                      "endpointslice.kubernetes.io/managed-by": "e2e.kubevirt-eviction-guard.io"}},
              "addressType": "IPv4", "ports": [{"name": "", "port": port, "protocol": "TCP"}],
              "endpoints": [{"addresses": [self.address], "conditions": {"ready": True}}]},
+            legacy_endpoints(NAMESPACE, SERVICE, self.address, port),
             # virt-operator's APIService (groupPriorityMinimum 1000, versionPriority 15)
             {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": APISERVICE},
              "spec": {"group": GROUP, "version": "v1", "groupPriorityMinimum": 1000, "versionPriority": 15,
                       "caBundle": base64.b64encode(self.ca.pem).decode(),
                       "service": {"namespace": NAMESPACE, "name": SERVICE, "port": 443}}},
         ]
-        self.cp.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+        self.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
 
     def start(self, timeout: float = 60) -> VirtApi:
         self._identity()
@@ -243,6 +247,7 @@ class VirtApi:
         self.cp.kubectl("delete", "apiservice", APISERVICE, "--ignore-not-found", check=False)
         self.cp.kubectl("-n", NAMESPACE, "delete", "service", SERVICE, "--ignore-not-found", check=False)
         self.cp.kubectl("-n", NAMESPACE, "delete", "endpointslice", f"{SERVICE}-e2e", "--ignore-not-found", check=False)
+        self.cp.kubectl("-n", NAMESPACE, "delete", "endpoints", SERVICE, "--ignore-not-found", check=False)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -344,6 +349,13 @@ class VirtApi:
         return DRAIN_TAINT_KEY
 
 
+def _accepts_any(accept: str | None) -> bool:
+    """go-restful's check for a route without Produces: no Accept header, or one of its types is */*."""
+    if not accept:
+        return True
+    return any(t.split(";", 1)[0].strip() == "*/*" for t in accept.split(","))
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -396,6 +408,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.api._record(Request(method, path, user, 401))
                 return
             m = CANCEL.match(path)
+            if method == "PUT" and m and not _accepts_any(self.headers.get("Accept")):
+                # the route declares no Produces: go-restful (route.go matchesAccept) serves it only to an Accept
+                # that allows */*, else 406 with its plain-text body
+                self._plain(406, "406: Not Acceptable\n\nAvailable representations: ")
+                self.api._record(Request(method, path, user, 406))
+                return
             if method == "PUT" and m:
                 code, out = self.api.cancel(m.group(2), m.group(3), body)
         self._send(code, out)

@@ -1080,7 +1080,8 @@ class _Handler(BaseHTTPRequestHandler):
         when the node being left carries KubeVirt's drain taint (``kubevirt.io/drain:NoSchedule``, the
         default NodeDrainTaintKey); 200 and nothing done when the VMI is not marked; else a JSON
         patch that tests ``/status/evacuationNodeName`` against the body's node and removes it
-        (a mismatch is the 500 InternalError virt-api answers for a failed patch)."""
+        (a mismatch is the 500 InternalError virt-api answers for a failed patch); 406 to an ``Accept``
+        that does not allow ``*/*``."""
         fake = self.fake
         vmi_resource = res.resolve("vmi")
         if "subresources.kubevirt.io" in fake._absent_groups:  # KubeVirt < 1.8 serves no evacuate/cancel
@@ -1096,6 +1097,11 @@ class _Handler(BaseHTTPRequestHandler):
                                                    '"virtualmachineinstances/evacuate" in API group '
                                                    f'"subresources.kubevirt.io" in the namespace "{namespace}"',
                                               "Forbidden"))
+        accept = self.headers.get("Accept")
+        if accept and not any(t.split(";", 1)[0].strip() == "*/*" for t in accept.split(",")):
+            # virt-api's route declares no Produces (pkg/virt-api/api.go): go-restful serves it only to an Accept
+            # that allows */* (route.go matchesAccept), else 406 with a plain-text body
+            return self._send(406, b"406: Not Acceptable\n\nAvailable representations: ")
         with fake._state.lock:
             current = fake._state.objects[vmi_resource].get((namespace, name))
             if current is None:

@@ -1,6 +1,6 @@
 """``python -m tests.e2e.actor --scenario FILE --kubeconfig FILE --workdir DIR --duration SECONDS --cert --key --ca``
 
-With the CRDs of ``tests/e2e/crds`` installed, creates the scenario's nodes, VMIs and launcher pods (placed as the
+With the CRDs installed (``ControlPlane.install_crds``), creates the scenario's nodes, VMIs and launcher pods (placed as the
 simulator places them), registers KubeVirt's eviction admitter, serves the load to Prometheus, writes
 ``DIR/actor-ready.json`` (ports, start time) and runs the scenario for ``--duration`` seconds of real time; then
 writes ``DIR/actor-result.json`` (every migration, every call of the admitter, the most VMs marked on one node)

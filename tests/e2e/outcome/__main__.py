@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -19,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from app.sim.engine import simulate
-from app.sim.metrics import summarize
+from app.sim.guards import parse_mode
+from app.sim.metrics import balance, summarize
 from app.sim.scenario import ScenarioError, load_scenario
 from bench.doc import update
 from tests.e2e.controlplane import ROOT, missing_binaries
 from tests.e2e.outcome.figures import KEYS, differs, model_figures
-from tests.e2e.outcome.run import MODEL_MODES, REAL_MODES, ModeRun, run_mode
+from tests.e2e.outcome.run import CYCLE_OFFSET, REAL_MODES, ModeRun, RealMode, aligned_cycles, run_mode
 
 SCENARIO = Path(__file__).with_name("scenario.yaml")
 DRAWS = 30
@@ -38,16 +40,26 @@ LABELS = {
     "max_leaving_per_node": "most VMs leaving one node at once",
     "evictions_during_migration": "evictions reaching KubeVirt for a migrating or marked VM",
     "cooldown_violations": "evacuations inside the plugin's cooldown",
+    "spread_score": "balance: std of node scores (points, mean over samples)",
+    "hot_node_seconds": "balance: node-seconds above the descheduler's threshold",
+    "hot_longest_seconds": "balance: longest one node stayed above it (s)",
 }
 
 
-def model_run(scenario, mode: str, duration: float, draws: int = DRAWS) -> dict:
+def model_run(scenario, mode: str, duration: float, draws: int = DRAWS, cycle_times: list[int] | None = None,
+              balance_from: float = 0.0) -> dict:
     """The simulator's figures for ``mode``: the mean over ``draws`` rolls of its dice on the scenario's workload
-    (candidate order, failures), with the range; the real run is one such roll."""
+    (candidate order, failures), with the range; the real run is one such roll. ``cycle_times``: the descheduler's
+    cycles at these seconds (the real run's, as it logged them), so both saw the same moments of the run;
+    ``balance_from``: the balance figures counted from this load sample on, as the real run's are."""
     runs = []
     for draw in range(draws):
-        d = simulate(scenario, mode, hours=duration / 3600, draw=draw)
-        runs.append(model_figures(summarize(d), [dataclasses.asdict(r) for r in d.runs], scenario.plugin))
+        d = simulate(scenario, mode, hours=duration / 3600, draw=draw, cycle_times=cycle_times)
+        figures = model_figures(summarize(d), [dataclasses.asdict(r) for r in d.runs], scenario.plugin)
+        kept = [i for i, t in enumerate(d.sample_times) if t >= balance_from]
+        figures.update(balance([d.sample_times[i] for i in kept], [d.node_scores[i] for i in kept], d.duration,
+                               d.high))
+        runs.append(figures)
     out: dict = {k: round(sum(r[k] for r in runs) / draws, 2) for k in runs[0]}
     out["range"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in KEYS}
     out["draws"] = draws
@@ -55,52 +67,73 @@ def model_run(scenario, mode: str, duration: float, draws: int = DRAWS) -> dict:
 
 
 def outcome(scenario_path: Path, duration: float, workdir: Path, modes: list[str], form: str,
-            parallel: bool = True) -> dict:
+            parallel: bool = True, extra: dict[str, RealMode] | None = None) -> dict:
     """Every mode on its own control plane; ``parallel``: at the same time (they use little CPU: the run is
-    real time, mostly waiting)."""
+    real time, mostly waiting). ``extra``: more modes by name (the pluggable descheduler). Each real mode is
+    compared with its simulator mode run on the descheduler's own logged cycle times."""
     scenario = load_scenario(scenario_path)
+    extra = extra or {}
+    names = list(modes) + list(extra)
 
     def one(name: str) -> ModeRun:
         print(f"outcome: mode {name}, {duration:.0f} s ...", flush=True)
-        r = run_mode(name, scenario, scenario_path, workdir / name.replace("+", "-"), duration)
+        r = run_mode(name, scenario, scenario_path, workdir / name.replace("+", "-"), duration, extra.get(name))
         print(f"outcome: mode {name} done in {r.wall_seconds:.0f} s: {r.figures}", flush=True)
         return r
 
-    with ThreadPoolExecutor(max_workers=len(modes) if parallel else 1) as pool:
-        real = dict(zip(modes, pool.map(one, modes)))
-    model = {MODEL_MODES[name]: model_run(scenario, MODEL_MODES[name], duration) for name in modes}
+    with ThreadPoolExecutor(max_workers=len(names) if parallel else 1) as pool:
+        real = dict(zip(names, pool.map(one, names)))
+    balance_from = max(r.balance_from for r in real.values())
+    model = {name: model_run(scenario, r.model, duration, cycle_times=aligned_cycles(r.cycles),
+                             balance_from=balance_from)
+             for name, r in real.items()}
+    for name, r in real.items():  # the real balance over the same samples as the model's
+        if r.balance_from < balance_from:
+            print(f"outcome: mode {name}: balance counted from {balance_from:.0f} s as the others", flush=True)
+
+    def off(name: str, k: str) -> str | None:
+        lo, hi = model[name]["range"][k]
+        value = real[name].figures[k]
+        if not lo <= value <= hi:
+            return "outside the model's range"
+        return "over 15% from the model's mean" if differs(value, model[name][k]) else None
+
     return {
         "form": form, "scenario": scenario.name, "seed": scenario.seed,
         "duration_s": duration, "interval_s": scenario.descheduler.interval,
         "modes": {name: r.figures for name, r in real.items()},
+        "model_modes": {name: r.model for name, r in real.items()},
         "model": model,
         "descheduler_counted": {name: r.descheduler_counted for name, r in real.items()},
         "guard_decisions": {name: r.guard_reasons for name, r in real.items() if r.guard_reasons},
         "score_check": {name: r.score_check for name, r in real.items()},
         "notes": {name: r.notes for name, r in real.items() if r.notes},
         "descheduler_cycles": {name: r.cycles for name, r in real.items()},
+        # how far the real cycles drifted from firstRun + k x interval (+0.5 s): the model ran on the real ones
+        "cycle_drift": {name: _drift(r.cycles, scenario.descheduler) for name, r in real.items()},
         "cycle_check": {name: r.cycle_check for name, r in real.items()},
         "wall_seconds": {name: round(r.wall_seconds, 1) for name, r in real.items()},
-        "differences": {name: {k: "outside the model's range" if not (model[MODEL_MODES[name]]["range"][k][0]
-                                                                       <= r.figures[k]
-                                                                       <= model[MODEL_MODES[name]]["range"][k][1])
-                               else "over 15% from the model's mean"
-                               for k in KEYS if differs(r.figures[k], model[MODEL_MODES[name]][k])
-                               or not (model[MODEL_MODES[name]]["range"][k][0] <= r.figures[k]
-                                       <= model[MODEL_MODES[name]]["range"][k][1])}
-                        for name, r in real.items()},
+        "balance_from_s": balance_from,
+        "differences": {name: {k: why for k in KEYS if (why := off(name, k))} for name in real},
     }
+
+
+def _drift(cycles: list[float], s) -> dict:
+    planned = [s.first_run + k * s.interval + CYCLE_OFFSET for k in range(len(cycles))]
+    gaps = [round(t - p, 2) for t, p in zip(cycles, planned)]
+    return {"cycles": len(cycles), "outside_the_planned_second": sum(1 for g in gaps if not -0.5 < g < 0.5),
+            "max_s": max(gaps, key=abs, default=0.0)}
 
 
 def table(result: dict) -> str:
     modes = list(result["modes"])
-    head = "| | " + " | ".join(f"real `{m}` | model `{MODEL_MODES[m]}`" for m in modes) + " |"
+    head = "| | " + " | ".join(f"real `{m}` | model `{result['model_modes'][m]}`" for m in modes) + " |"
     rule = "|---|" + "---:|---:|" * len(modes)
     rows = [head, rule]
     for key in KEYS:
         cells = []
         for m in modes:
-            real, model = result["modes"][m][key], result["model"][MODEL_MODES[m]]
+            real, model = result["modes"][m][key], result["model"][m]
             lo, hi = model["range"][key]
             flags = ("*" if differs(real, model[key]) else "") + ("†" if not lo <= real <= hi else "")
             cells += [f"{real:g}", f"{model[key]:g} ({lo:g}–{hi:g}){' ' + flags if flags else ''}"]
@@ -113,8 +146,11 @@ def docs_section(result: dict, command: str) -> str:
         BEGIN,
         f"Generated by `{command}` ({result['scenario']}, seed {result['seed']}, {result['duration_s']:.0f} s of real "
         f"time per mode, the descheduler every {result['interval_s']} s). Model: mean (min–max) over "
-        f"{next(iter(result['model'].values()))['draws']} rolls of its dice on the same workload. * the real figure "
-        "is more than 15% (and more than 1) away from the model's mean; † it is outside the model's range.",
+        f"{next(iter(result['model'].values()))['draws']} rolls of its dice on the same workload, its descheduler "
+        "cycling at the seconds the real one logged its cycles. * the real figure "
+        "is more than 15% (and more than 1) away from the model's mean; † it is outside the model's range. "
+        f"Balance rows from the load sample at {result['balance_from_s']:.0f} s on (the first Prometheus had for "
+        "every node).",
         "",
         table(result),
         "",
@@ -137,8 +173,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", type=Path, help="write the side-by-side table into this file between its markers")
     p.add_argument("--workdir", type=Path, help="keep the runs' files here (default: a temporary folder)")
     p.add_argument("--sequential", action="store_true", help="one mode after the other (default: side by side)")
+    p.add_argument("--descheduler", type=Path, help="another descheduler build, run as the extra mode 'custom'")
+    p.add_argument("--policy", type=Path, help="its DeschedulerPolicy file (Prometheus URL replaced by the run's)")
+    p.add_argument("--model", default="upstream", help="the simulator's mode to compare 'custom' with")
+    p.add_argument("--structure-only", action="store_true",
+                   help="the policy names plugins the pinned descheduler lacks: check only its own keys")
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    extra: dict[str, RealMode] = {}
+    try:
+        parse_mode(args.model)
+    except ValueError as e:
+        p.error(f"--model: {e}")
+    if args.descheduler or args.policy:
+        if not (args.descheduler and args.policy):
+            p.error("--descheduler and --policy go together")
+        if not os.access(args.descheduler, os.X_OK):
+            p.error(f"--descheduler: {args.descheduler} is not an executable file")
+        if not args.policy.is_file():
+            p.error(f"--policy: {args.policy} is not a file")
+        extra["custom"] = RealMode(guard=False, model=args.model, descheduler=args.descheduler.resolve(),
+                                   policy=args.policy.resolve(), structure_only=args.structure_only)
     bad = [m for m in modes if m not in REAL_MODES]
     if bad or not modes:
         p.error(f"--modes: unknown {bad or 'none'}; expected {', '.join(REAL_MODES)}")
@@ -156,13 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kveg-outcome-"))
     t0 = time.monotonic()
     result = outcome(args.scenario, duration, workdir, modes, "full" if args.duration is None else "custom",
-                     parallel=not args.sequential)
+                     parallel=not args.sequential, extra=extra)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
     print(f"wrote {args.out} ({time.monotonic() - t0:.0f} s; runs' files in {workdir})")
     if args.docs:
-        command = "make e2e-outcome" if args.duration is None else "python -m tests.e2e.outcome " + " ".join(
+        command = "make e2e-outcome" if args.duration is None and not extra else "python -m tests.e2e.outcome " + " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
         update(args.docs, docs_section(result, command), BEGIN, END)
         print(f"updated {args.docs}")

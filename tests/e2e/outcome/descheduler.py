@@ -21,6 +21,7 @@ pod. Nothing outside that process sees the mount. Prometheus is plain HTTP here 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -36,6 +37,7 @@ import yaml
 
 from app.sim.scenario import DeschedulerSettings
 from tests.e2e.controlplane import BIN, ROOT, ControlPlane, free_port
+from tests.e2e.outcome.policycheck import check_policy
 from tests.e2e.outcome.process import Service
 from tests.e2e.outcome.prometheus import SCORE
 
@@ -64,9 +66,46 @@ def policy(prometheus_url: str, s: DeschedulerSettings) -> dict:
             ],
             "plugins": {"balance": {"enabled": ["LowNodeUtilization"]},
                         "filter": {"enabled": ["DefaultEvictor"]},
-                        "preEvictionFilter": {"enabled": ["DefaultEvictor"]}},
+                        "preevictionfilter": {"enabled": ["DefaultEvictor"]}},
         }],
     }
+
+
+def custom_policy(path: Path, prometheus_url: str) -> dict:
+    """A user's policy file for the pluggable mode, with this run's Prometheus as its metrics provider (the file
+    cannot know the run's port): every Prometheus provider's ``url`` is replaced; nothing else is touched."""
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict) or doc.get("kind") != "DeschedulerPolicy":
+        raise RuntimeError(f"{path}: not a DeschedulerPolicy")
+    for provider in doc.get("metricsProviders") or []:
+        if isinstance(provider, dict) and provider.get("source") == "Prometheus":
+            provider.setdefault("prometheus", {})["url"] = prometheus_url
+    return doc
+
+
+def settings_from_policy(doc: dict, base: DeschedulerSettings) -> DeschedulerSettings:
+    """The limits and thresholds a policy sets, as the simulator's settings (``base`` for what it leaves out), so
+    that its cycles are checked against what it asked for: ``maxNoOfPodsToEvictPerNode``, ``...Total``, and
+    LowNodeUtilization's deviation thresholds and ``evictionLimits.node`` (the first profile that has it)."""
+    changes: dict = {}
+    if doc.get("maxNoOfPodsToEvictPerNode") is not None:
+        changes["max_per_node"] = int(doc["maxNoOfPodsToEvictPerNode"])
+    if doc.get("maxNoOfPodsToEvictTotal") is not None:
+        changes["max_total"] = int(doc["maxNoOfPodsToEvictTotal"])
+    for profile in doc.get("profiles") or []:
+        for cfg in profile.get("pluginConfig") or []:
+            if cfg.get("name") != "LowNodeUtilization":
+                continue
+            args = cfg.get("args") or {}
+            node = (args.get("evictionLimits") or {}).get("node")
+            if node is not None:
+                changes["eviction_limit_node"] = int(node)
+            for key, field_ in (("thresholds", "low"), ("targetThresholds", "high")):
+                value = (args.get(key) or {}).get("MetricResource")
+                if value is not None:
+                    changes[field_] = float(value)
+            return dataclasses.replace(base, **changes)
+    return dataclasses.replace(base, **changes)
 
 
 def chart_dir() -> Path:
@@ -111,7 +150,11 @@ class Descheduler(Service):
     """One descheduler process; ``metrics()`` reads its ``/metrics``."""
 
     def __init__(self, cp: ControlPlane, workdir: Path, service_account: str, prometheus_url: str,
-                 settings: DeschedulerSettings) -> None:
+                 settings: DeschedulerSettings, binary: Path | None = None, policy_doc: dict | None = None,
+                 structure_only: bool = False) -> None:
+        """``binary`` and ``policy_doc``: another descheduler build and its policy (the pluggable mode), else the
+        pinned build with ``policy()``. The policy is refused before the start unless the descheduler reads every
+        key of it (``policycheck``)."""
         if shutil.which("unshare") is None:
             raise RuntimeError("unshare (util-linux) is needed to give the descheduler its in-cluster identity")
         self.dir = workdir
@@ -121,11 +164,12 @@ class Descheduler(Service):
         (self.sa / "token").write_text(cp.service_account_token(NAMESPACE, service_account, seconds=7200))
         shutil.copy(cp.ca_path, self.sa / "ca.crt")
         (self.sa / "namespace").write_text(NAMESPACE)
-        (workdir / "policy.yaml").write_text(yaml.safe_dump(policy(prometheus_url, settings)))
+        (workdir / "policy.yaml").write_text(yaml.safe_dump(policy_doc or policy(prometheus_url, settings)))
+        check_policy(workdir / "policy.yaml", structure_only=structure_only)
         self.port = free_port()
         self.log = workdir / "descheduler.log"
         script = (f"mount -t tmpfs -o mode=755 tmpfs /run && mkdir -p {SA_DIR} && cp {self.sa}/* {SA_DIR}/ && "
-                  f"exec {BIN / 'descheduler'} --policy-config-file {workdir / 'policy.yaml'} "
+                  f"exec {binary or BIN / 'descheduler'} --policy-config-file {workdir / 'policy.yaml'} "
                   f"--descheduling-interval {settings.interval}s --feature-gates EvictionsInBackground=true "
                   f"--bind-address 127.0.0.1 --secure-port {self.port} --cert-dir {workdir / 'certs'} --v 3")
         env = {**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cp.port)}

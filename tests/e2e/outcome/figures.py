@@ -17,7 +17,11 @@ Per mode (issue 19's summary):
   ``kubevirt_target_pod``; the real admitter records what it held at each call);
 - ``cooldown_violations``: descheduler-caused evacuations (a new mark, not KubeVirt's retry of a failed attempt)
   that started while the VM was inside the KubevirtMigrationAware plugin's cooldown computed from its whole history
-  (``app.policy.effective_cooldown`` with the scenario's ``plugin`` settings: 15m / 6h / 48h scaled like the run).
+  (``app.policy.effective_cooldown`` with the scenario's ``plugin`` settings: 15m / 6h / 48h scaled like the run);
+- balance (``app.sim.metrics.balance``, added by the run from the node scores: real, Prometheus's score as the
+  descheduler reads it; model, the simulator's): ``spread_score``, the std of node scores averaged over the load
+  samples; ``hot_node_seconds``, node-seconds above the descheduler's threshold; ``hot_longest_seconds``, the
+  longest one node stayed above it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from app.policy.model import PolicySettings
 
 BACKGROUND = "Eviction triggered evacuation"
 KEYS = ("evictions_requested", "evictions_refused", "evictions_background", "migrations", "max_leaving_per_node",
-        "evictions_during_migration", "cooldown_violations")
+        "evictions_during_migration", "cooldown_violations", "spread_score", "hot_node_seconds", "hot_longest_seconds")
 DURING_MIGRATION = ("kubevirt_evacuation_in_progress", "kubevirt_target_pod")
 
 

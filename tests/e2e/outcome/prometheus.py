@@ -90,3 +90,16 @@ class Prometheus(Service):
         r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5)
         r.raise_for_status()
         return {s["metric"].get("instance", ""): float(s["value"][1]) for s in r.json()["data"]["result"]}
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> dict[float, dict[str, float]]:
+        """``expr`` evaluated every ``step`` seconds from ``start`` to ``end`` (Unix times): time -> node -> value."""
+        r = httpx.get(f"{self.url}/api/v1/query_range",
+                      params={"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+                      timeout=30)
+        r.raise_for_status()
+        out: dict[float, dict[str, float]] = {}
+        for s in r.json()["data"]["result"]:
+            node = s["metric"].get("instance", "")
+            for t, v in s["values"]:
+                out.setdefault(round(float(t), 3), {})[node] = float(v)
+        return out
