@@ -542,7 +542,7 @@ def test_helm3_uninstall_hook_on_the_real_node(node, release, image, e2e_dir, de
 
     stuck, ns = "guard-stuck", "kveg-helm3-stuck"
     helm(cp, "install", stuck, str(CHART), "-n", ns, "--create-namespace", "--set", "image.repository=localhost/absent",
-         "--set", "image.tag=0", "--set", "uninstallHook.activeDeadlineSeconds=10", binary="helm3")
+         "--set-string", "image.tag=none", "--set", "uninstallHook.activeDeadlineSeconds=10", binary="helm3")
     manifests = [d for d in yaml.safe_load_all(helm(cp, "get", "manifest", stuck, "-n", ns, binary="helm3")) if d]
     # Helm's message: "job <name> failed: DeadlineExceeded" (helm.sh/helm/v3 pkg/kube/client.go)
     with pytest.raises(RuntimeError, match=r"unregister failed: DeadlineExceeded") as failed:
