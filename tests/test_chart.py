@@ -467,8 +467,8 @@ def test_the_uninstall_hook_renders_only_for_helm_3_unless_asked():
 @pytest.mark.parametrize("kind", WEBHOOK_TYPES)
 def test_the_uninstall_hook_deletes_only_the_releases_webhook_configuration_before_anything_else(kind):
     docs = render(merge(HOOK, {"webhook": {"type": kind}}))
-    _validate_all(docs)
     hooks = hook_objects(docs)
+    _validate_all(list(hooks.values()))
     for d in hooks.values():
         assert d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     weight = {k: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for k, d in hooks.items()}
