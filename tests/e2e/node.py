@@ -39,6 +39,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -560,14 +561,27 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
 
     def leftovers(self) -> dict:
         """What differs from before ``start`` (empty: nothing left), and the test's cgroups if any remain."""
-        after = kernel_state()
-        diff = {k: {"before": self.before[k], "after": after[k]} for k in after if after[k] != self.before[k]}
+        after, before = kernel_state(), dict(self.before)
+        # other sessions' nodes (other checkouts run theirs at the same time) come and go: not this node's doing
+        for k in ("links", "netns", "mounts"):
+            before[k], after[k] = self._not_others(before[k]), self._not_others(after[k])
+        diff = {k: {"before": before[k], "after": after[k]} for k in after if after[k] != before[k]}
         cgroups = [str(h / self.cgroup_name) for h in _cgroup_hierarchies() if (h / self.cgroup_name).exists()]
         if cgroups:
             diff["cgroups"] = cgroups
         if self.mount_ns and (procs := self._in_mount_ns()):
             diff["processes"] = procs
         return diff
+
+    def _not_others(self, entries: list[str]) -> list[str]:
+        """``entries`` without another node's netns, veth or netns mount (and ``ip netns list``'s "(id: N)")."""
+        out = []
+        for e in entries:
+            m = re.search(r"kveg-([0-9a-z]{8})\b|^kvh([0-9a-z]{8})$", e)
+            if (m and self.id not in m.groups()) or re.fullmatch(r"\(id:|\d+\)", e):
+                continue
+            out.append(e)
+        return out
 
     def _in_mount_ns(self) -> list[str]:
         """Processes still in the node's mount namespace (whatever their cgroup)."""
