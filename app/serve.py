@@ -150,10 +150,10 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
         if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
             effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
-        if not args.no_side_effects:
-            effects.clean_stale_sources(cluster.store)
         ready = cluster.health
         if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", True):
+            # a stale eviction-source would make a later evacuation the descheduler did not cause cancellable
+            effects.clean_stale_sources(cluster.store)
             effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: ready().ready,
                                              interval=cancel_interval(args))
         else:
