@@ -121,7 +121,8 @@ def test_stuck_descheduler_evacuation_cancelled_through_virt_api(cluster, guard,
     assert audited(cp, user, "update", "virtualmachineinstances", ns, "kept", "evacuate") == []
     assert not [r for r in virt_api.requests_of("PUT") if r.path.endswith(f"/{ns}/virtualmachineinstances/kept/evacuate/cancel")]
     assert cluster.objects.get_vmi(ns, "kept")["status"]["evacuationNodeName"] == drained
-    refusal = f'Node "{drained}" has NodeDrainTaintKey "{DRAIN_TAINT_KEY}:NoSchedule"'
+    refusal = (f'Node "{drained}" has NodeDrainTaintKey '
+               f'"&Taint{{Key:{DRAIN_TAINT_KEY},Value:,Effect:NoSchedule,TimeAdded:<nil>,}}"')
     # ... and the same refusal for the guard's identity asking by hand
     token = cp.service_account_token(installation.namespace, installation.service_account, seconds=600)
     r = put_cancel(cp, token, ns, "kept", drained)

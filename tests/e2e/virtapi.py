@@ -329,7 +329,9 @@ class VirtApi:
             return 500, status(500, "InternalError", f"Internal error occurred: node {node_name}: {node.status_code}")
         for t in (node.json().get("spec") or {}).get("taints") or []:
             if t.get("key") == key and t.get("effect") == "NoSchedule":
-                return 400, status(400, "BadRequest", f'Node "{node_name}" has NodeDrainTaintKey "{key}:NoSchedule"')
+                # virt-api formats the *Taint with its generated String() (evacuate_cancel.go validateEvacuationNode)
+                return 400, status(400, "BadRequest", f'Node "{node_name}" has NodeDrainTaintKey '
+                                                      f'"&Taint{{Key:{key},Value:,Effect:NoSchedule,TimeAdded:<nil>,}}"')
         if not vstatus.get("evacuationNodeName"):
             return 200, None
         try:
