@@ -205,7 +205,10 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     """Every attempt fails (virt-handler reports the failure): virt-controller retries with its backoff (20 s after
     the first failure), the pod keeps ``eviction-in-progress`` through the failed attempt, and after 2 failed
     attempts (the chart's evacuationStaleAfterFailures here) the guard's canceller calls virt-api's real
-    ``evacuate/cancel``: the mark goes, and virt-controller takes the pod annotation away again."""
+    ``evacuate/cancel``: the mark goes, and virt-controller takes the pod annotation away again. KubeVirt leaves
+    ``kubevirt.io/eviction-source: descheduler`` on the VMI; the guard removes it once the cancelled evacuation's
+    last attempt has ended, so that a user's eviction of the VM afterwards, which inherits the failed attempts, is
+    not taken for the descheduler's and cancelled."""
     g = kv.guard
     wait_for(lambda: g.metric(CANCEL, enabled="true", reason="enabled") == 1, 30, "the canceller to be on")
     ns = kv.cluster.fresh_namespace("fail")
