@@ -26,7 +26,7 @@ from typing import Any
 
 from app.domain.kinds import VMI, VMIM
 from app.domain.records import DESCHEDULER_SOURCE, EVICTION_SOURCE, RecordError, vmi_from_object
-from app.effects.annotate import _pointer
+from app.effects.annotate import json_pointer_token
 from app.effects.history import HistoryView
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
 from app.effects.queue import EffectQueue, Retry
@@ -38,7 +38,7 @@ APPLIED, NOT_NEEDED = "applied", "not_needed"
 
 
 def source_patch(resource_version: str) -> list[dict[str, Any]]:
-    path = f"/metadata/annotations/{_pointer(EVICTION_SOURCE)}"
+    path = f"/metadata/annotations/{json_pointer_token(EVICTION_SOURCE)}"
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
             {"op": "test", "path": path, "value": DESCHEDULER_SOURCE},
             {"op": "remove", "path": path}]
