@@ -43,6 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # The session-wide resources tests share, each with the fixtures that start it; a test using several is in the first.
 SHARED = (("node", {"node", "image"}), ("kubevirt", {"real_kubevirt"}), ("control-plane", {"control_plane"}))
+# the pytest-timeout of a test that sets none (make test's is 120 s): the groups share the machine's CPU, and what
+# an end-to-end test waits for (API servers, kubelet, KubeVirt) slows down with it
+E2E_TIMEOUT = 600
 _groups: dict[str, dict] = {}  # group -> its first test's start, its last test's end, tests, failed reports
 
 
@@ -71,6 +74,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             keep.append(item)
             continue
         item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("timeout") is None:  # a guard against hangs, not a bound on a busy machine's pace
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
         group = e2e_group(item)
         item.user_properties.append(("e2e_group", group))
         (keep if not only or group in only else drop).append(item)

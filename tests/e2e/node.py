@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -117,7 +118,7 @@ def kernel_state() -> dict:
     containerd and CNI use by default."""
     return {
         "links": sorted(link["ifname"] for link in json.loads(run("ip", "-j", "link", "show"))),
-        "netns": sorted(run("ip", "netns", "list").split()),
+        "netns": sorted(line.split()[0] for line in run("ip", "netns", "list").splitlines() if line.strip()),
         "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
         "sysctls": {k: Path(f"/proc/sys/{k}").read_text().strip() for k in KUBELET_SYSCTLS},
         "paths": sorted(p for p in ("/var/lib/kubelet", "/var/lib/cni", "/var/lib/containerd", "/run/containerd",
@@ -478,7 +479,13 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
     def leftovers(self) -> dict:
         """What differs from before ``start`` (empty: nothing left), and the test's cgroups if any remain."""
         after = kernel_state()
-        diff = {k: {"before": self.before[k], "after": after[k]} for k in after if after[k] != self.before[k]}
+
+        def own(state):  # another node's names (a run beside this one, on the same machine) are not this node's
+            return {k: [x for x in v if not ((m := _NODE_NAME.search(x)) and m.group(1) != self.id)]
+                    if isinstance(v, list) else v for k, v in state.items()}
+
+        before, after = own(self.before), own(after)
+        diff = {k: {"before": before[k], "after": after[k]} for k in after if after[k] != before[k]}
         cgroups = [str(h / self.cgroup_name) for h in _cgroup_hierarchies() if (h / self.cgroup_name).exists()]
         if cgroups:
             diff["cgroups"] = cgroups
@@ -496,6 +503,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
             except OSError:
                 pass
         return out
+
+
+# the names a node gives its network namespace, its veth end and their mounts (``Node.netns``, ``Node.host_if``)
+_NODE_NAME = re.compile(r"\b(?:kveg-|kvh)([0-9a-f]{8})\b")
 
 
 def _rmdir(path: Path) -> None:
