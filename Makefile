@@ -131,8 +131,8 @@ image:
 	bash image/build.sh
 
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
-# into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,
-# then cached: a warm run takes about 3 minutes, 2 of them the 90 s outcome run).
+# into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold, times and disk in docs/testing.md), then
+# cached: a warm run takes about 8 minutes on 2 cores.
 # Writes build/e2e/summary.json. Not part of `make test`.
 # The groups (tests/e2e/conftest.py: the real node, real KubeVirt, the shared control plane, each file that starts
 # its own) run side by side in E2E_JOBS pytest processes (tests/e2e/groups.py); the output ends with each group's wall
