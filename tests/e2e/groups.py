@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for *_, proc in processes:  # interrupted: the processes end their sessions (their fixtures' tear-down)
             if proc.poll() is None:
-                proc.terminate()
+                proc.send_signal(signal.SIGINT)
         for *_, proc in processes:
             proc.wait()
     summary = merge([d / "summary.json" for _, _, d, *_ in processes])
