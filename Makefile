@@ -131,16 +131,26 @@ image:
 	bash image/build.sh
 
 # End-to-end, against the real kube-apiserver, etcd, descheduler and Helm, built once from the pins in e2e/go.mod
-# into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold about 15 min and 4 GB of disk on 2 cores,
-# then cached: a warm run takes about 3 minutes, 2 of them the 90 s outcome run).
+# into build/e2e/bin (needs Go 1.26+ and the Go module proxy; cold, times and disk in docs/testing.md), then
+# cached: a warm run takes about 8 minutes on 2 cores.
 # Writes build/e2e/summary.json. Not part of `make test`.
+# The groups (tests/e2e/conftest.py: the real node, real KubeVirt, the shared control plane, each file that starts
+# its own) run side by side in E2E_JOBS pytest processes (tests/e2e/groups.py); the output ends with each group's wall
+# time. E2E_ARGS go to every process (one group alone: E2E_ARGS=--e2e-group=node).
 E2E_ARGS ?=
+E2E_JOBS ?= 4
 e2e-bin:
 	bash e2e/build.sh
 	bash e2e/kubevirt/build.sh
 
-e2e: $(STAMP) e2e-bin
-	$(PY) -m pytest -m e2e tests/e2e $(E2E_ARGS)
+# The image (make image) is built beside the Go builds (mostly downloads and unpacking while they compile); the node's
+# tests run image/build.sh again, which reports a failed build or finds the archive up to date.
+e2e: $(STAMP)
+	@mkdir -p build/image
+	@bash image/build.sh > build/image/build.log 2>&1 & image=$$!; \
+	  bash e2e/build.sh && bash e2e/kubevirt/build.sh; rc=$$?; wait $$image; \
+	  tail -n 1 build/image/build.log; exit $$rc
+	$(PY) -m tests.e2e.groups --jobs $(E2E_JOBS) $(E2E_ARGS)
 
 # The control-plane checks (the guard beside kube-apiserver and etcd, the chart by Helm 3 and 4) against the oldest
 # Kubernetes minor the README promises: its kube-apiserver, kubectl and etcd pinned in e2e/oldest/go.mod, built once

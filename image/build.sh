@@ -6,7 +6,9 @@
 # scripts run in it by chroot, umoci packs the running stage's tree as one layer and writes the config.
 # Output: build/image/kubevirt-eviction-guard.oci.tar (OCI image layout, tar) with one image tagged with the project's
 # version (a bare tag: `ctr images import --base-name REPOSITORY` or `skopeo copy oci-archive:...` name it). Built once
-# per recipe and sources: when they are unchanged (build/image/key), nothing is rebuilt.
+# per recipe and sources: when they are unchanged (build/image/key), nothing is rebuilt. `image/build.sh --key` prints
+# that key (a hash of every input: image/ with its package lists and scripts, app/, pyproject.toml, README.md and the
+# pins) and builds nothing.
 # Needs root (chroot), mmdebstrap and umoci (Debian packages; installed here when missing) and network access to the
 # Debian mirror and the Python package index.
 set -euo pipefail
@@ -18,6 +20,10 @@ start=$(date +%s)
 archive="$OUT/kubevirt-eviction-guard.oci.tar"
 key=$(find image app pyproject.toml README.md constraints.txt build-constraints.txt -type f ! -name '*.pyc' -print0 |
       sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+if [ "${1:-}" = --key ]; then echo "$key"; exit 0; fi
+mkdir -p "$OUT"
+exec 9>"$OUT/.lock"
+flock 9  # one build at a time: a second caller waits, then finds the archive up to date
 if [ -f "$archive" ] && [ "$(cat "$OUT/key" 2>/dev/null)" = "$key" ]; then
   echo "image: $archive up to date (key $key), $(du -m "$archive" | cut -f1) MB"
   exit 0

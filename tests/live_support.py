@@ -44,15 +44,23 @@ def wait_ready(guard: GuardProcess, timeout: float = 30) -> None:
         eventually(lambda: http.get("/readyz").status_code == 200, timeout=timeout, what="the guard to sync")
 
 
-def eventually(check: Callable[[], object], timeout: float = 5.0, what: str = "condition", every: float = 0.01):
+def eventually(check: Callable[[], object], timeout: float = 5.0, what: str = "condition",
+               every: float | None = None):
+    """``check()`` until it returns something true (returned), or fail after ``timeout`` s. ``every``: a fixed pause
+    between checks; by default 10 ms, growing by half each time up to 100 ms, so that a condition met at once is seen
+    at once and a long wait (checks that call an API server or read a log) does not take the CPU from what it waits
+    for."""
     deadline = time.monotonic() + timeout
+    pause = 0.01 if every is None else every
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
+        time.sleep(pause)
+        if every is None:
+            pause = min(pause * 1.5, 0.1)
 
 
 def body(pod: str, namespace: str = "vms", uid: str = "", **kw) -> bytes:

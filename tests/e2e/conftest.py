@@ -6,6 +6,12 @@
 Each named check (``@pytest.mark.check("...")``) is recorded in ``build/e2e/summary.json`` with whether it passed
 and a detail line, beside the paths and versions of the binaries used and the outcome run's figures
 (``build/e2e/outcome.json``, written by the outcome test).
+
+Groups (``e2e_group``): a test belongs to the group of the session-wide resource its fixtures start (the real node:
+``node`` or ``image``; real KubeVirt's control plane: ``real_kubevirt``; the shared control plane: ``control_plane``),
+and a test using none of them (it starts what it needs itself) to its file's group. ``--e2e-group NAME`` runs one
+group; ``make e2e`` runs the groups side by side, each in a pytest process of its own (``tests/e2e/groups.py``), so a
+session fixture starts only in the process whose tests use it. The summary has each group's wall time.
 """
 
 from __future__ import annotations
@@ -35,11 +41,84 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "check(name): a named end-to-end check, recorded in build/e2e/summary.json")
 
 
+# The session-wide resources tests share, each with the fixtures that start it; a test using several is in the first.
+SHARED = (("node", {"node", "image"}), ("kubevirt", {"real_kubevirt"}), ("control-plane", {"control_plane"}))
+# the pytest-timeout of a test that sets none (make test's is 120 s): the groups share the machine's CPU, and what
+# an end-to-end test waits for (API servers, kubelet, KubeVirt) slows down with it
+E2E_TIMEOUT = 600
+_groups: dict[str, dict] = {}  # group -> its first test's start, its last test's end, tests, failed reports
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--e2e-group", action="append", default=[], metavar="NAME",
+                     help="run only the end-to-end tests of this group (repeatable)")
+    parser.addoption("--e2e-groups-out", metavar="PATH",
+                     help="write the end-to-end groups and their tests (JSON) to PATH (with --collect-only)")
+
+
+def e2e_group(item: pytest.Item) -> str:
+    """The group a test runs in: the shared resource its fixtures start, else its file's own."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for group, starts in SHARED:
+        if fixtures & starts:
+            return group
+    return Path(str(item.fspath)).stem
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only = set(config.getoption("--e2e-group"))
+    keep, drop = [], []
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
-            item.add_marker(pytest.mark.e2e)
+        if not Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            keep.append(item)
+            continue
+        item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("timeout") is None:  # a guard against hangs, not a bound on a busy machine's pace
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
+        group = e2e_group(item)
+        item.user_properties.append(("e2e_group", group))
+        (keep if not only or group in only else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """``--e2e-groups-out``: the groups of the tests selected (after -m, -k and --e2e-group)."""
+    out = session.config.getoption("--e2e-groups-out")
+    if out:
+        groups: dict[str, list[str]] = {}
+        for item in session.items:
+            group = dict(item.user_properties).get("e2e_group")
+            if group is not None:
+                groups.setdefault(group, []).append(item.nodeid)
+        Path(out).write_text(json.dumps(groups, indent=2) + "\n")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    group = dict(report.user_properties).get("e2e_group")
+    if group is None:
+        return
+    g = _groups.setdefault(group, {"start": report.start, "stop": report.stop, "tests": set(), "failed": 0})
+    g["start"], g["stop"] = min(g["start"], report.start), max(g["stop"], report.stop)
+    g["tests"].add(report.nodeid)
+    g["failed"] += report.failed
+
+
+def group_times() -> dict[str, dict]:
+    """Each group's wall time, from its first test's set-up to its last test's tear-down."""
+    return {name: {"seconds": round(g["stop"] - g["start"], 1), "tests": len(g["tests"]), "passed": not g["failed"]}
+            for name, g in _groups.items()}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if not _groups:
+        return
+    terminalreporter.section("end-to-end groups (wall time)")
+    for name, g in sorted(group_times().items(), key=lambda kv: -kv[1]["seconds"]):
+        terminalreporter.write_line(f"{name:<26} {g['seconds']:7.1f} s  {g['tests']:3d} tests"
+                                    f"{'' if g['passed'] else '  FAILED'}")
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +132,7 @@ def binaries() -> Path:
 
 @pytest.fixture(scope="session")
 def e2e_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kveg-e2e-"))
+    d = Path(tempfile.mkdtemp(prefix=f"kveg-e2e-{os.environ.get('E2E_PART', 'session')}-"))
     yield d
     if os.environ.get("E2E_KEEP") != "1":
         shutil.rmtree(d, ignore_errors=True)
@@ -162,6 +241,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                         "path": str(path.resolve())}
     summary["kubevirt"] = KubeVirt.summary(BIN)
     summary["checks"] = list(_checks.values())
+    summary["groups"] = group_times()
     if OUTCOME.exists():
         summary["outcome"] = json.loads(OUTCOME.read_text())
     from tests.e2e.node import NODE_INFO

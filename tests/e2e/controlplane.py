@@ -42,6 +42,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -262,6 +263,7 @@ class ControlPlane:
                                                  cert=self._write("admin.crt", admin),
                                                  key=self._write("admin.key", admin_key), user="e2e-admin")
         self.audit_log = self.dir / "audit.log"
+        self._audit_offset, self._audit_by_id, self._audit_lock = 0, {}, threading.Lock()
         self._write("audit-policy.yaml", json.dumps(AUDIT_POLICY).encode())
         # the aggregation layer (kubeadm's front-proxy): the API server's identity towards aggregated API servers
         self.front_proxy_ca = CertificateAuthority("e2e-front-proxy-ca")
@@ -431,21 +433,30 @@ class ControlPlane:
     def audit_events(self, user: str | None = None) -> list[dict]:
         """One audit event per request so far, in order (of ``user`` only, if given): its ResponseComplete event,
         or ResponseStarted for a request still running (a watch)."""
-        by_id: dict[str, dict] = {}
-        try:
-            text = self.audit_log.read_text()
-        except FileNotFoundError:
-            return []
-        for line in text.splitlines():
+        # The log only grows: each call parses the lines added since the last one (whole lines; the one being written
+        # waits for the next call), so that polling it stays cheap however long the session has run.
+        with self._audit_lock:
             try:
-                ev = json.loads(line)
-            except ValueError:
-                continue  # the line being written
-            if user is not None and ev.get("user", {}).get("username") != user:
-                continue
-            if ev.get("stage") in ("ResponseStarted", "ResponseComplete"):
-                by_id[ev["auditID"]] = ev  # dicts keep the first insertion's place: the request's order
-        return list(by_id.values())
+                with self.audit_log.open("rb") as f:
+                    if f.seek(0, os.SEEK_END) < self._audit_offset:  # a new file (rotated): start again
+                        self._audit_offset, self._audit_by_id = 0, {}
+                    f.seek(self._audit_offset)
+                    data = f.read()
+            except FileNotFoundError:
+                return []
+            whole = data[:data.rfind(b"\n") + 1]
+            self._audit_offset += len(whole)
+            for line in whole.splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("stage") in ("ResponseStarted", "ResponseComplete"):
+                    self._audit_by_id[ev["auditID"]] = ev  # dicts keep the first insertion's place: the request's order
+            events = list(self._audit_by_id.values())
+        if user is not None:
+            events = [ev for ev in events if ev.get("user", {}).get("username") == user]
+        return events
 
     def token_kubeconfig(self, token: str, name: str) -> Path:
         return write_kubeconfig(self.dir / f"{name}.kubeconfig", self.url, self.ca_path, token=token, user=name)

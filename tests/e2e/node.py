@@ -125,7 +125,7 @@ def kernel_state() -> dict:
     containerd and CNI use by default."""
     return {
         "links": sorted(link["ifname"] for link in json.loads(run("ip", "-j", "link", "show"))),
-        "netns": sorted(run("ip", "netns", "list").split()),
+        "netns": sorted(line.split()[0] for line in run("ip", "netns", "list").splitlines() if line.strip()),
         "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
         "sysctls": {k: Path(f"/proc/sys/{k}").read_text().strip() for k in KUBELET_SYSCTLS},
         "paths": sorted(p for p in ("/var/lib/kubelet", "/var/lib/cni", "/var/lib/containerd", "/run/containerd",
@@ -593,6 +593,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
             except OSError:
                 pass
         return out
+
+
+# the names a node gives its network namespace, its veth end and their mounts (``Node.netns``, ``Node.host_if``)
 
 
 def _rmdir(path: Path) -> None:

@@ -84,7 +84,8 @@ def test_descheduler_eviction_through_the_guard_and_virt_api_migrates_the_vm(kv,
     ns = kv.cluster.fresh_namespace("real")
     a, b = kv.node("src"), kv.node("dst")
     kv.nodes.targets[(ns, "vm")] = b
-    kv.nodes.copy_seconds[(ns, "vm")] = 3
+    # long enough that the eviction below, after the guard's sync, still finds it migrating on a busy machine
+    kv.nodes.copy_seconds[(ns, "vm")] = 15
     kv.vm(ns, "vm", a)
     pod = kv.source_pod(ns, "vm")
     kv.cluster.sync()

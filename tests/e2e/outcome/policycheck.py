@@ -36,10 +36,12 @@ def checker() -> Path:
             out.parent.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, "GOFLAGS": "-mod=readonly -trimpath", "GOSUMDB": "off", "CGO_ENABLED": "0",
                    "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "local")}
-            done = subprocess.run(["go", "build", "-o", str(out), "./policycheck"], cwd=ROOT / "e2e", env=env,
+            tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # renamed when whole: other processes may run it
+            done = subprocess.run(["go", "build", "-o", str(tmp), "./policycheck"], cwd=ROOT / "e2e", env=env,
                                   capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
                 raise RuntimeError(f"building e2e/policycheck failed: {done.stderr.strip()[-2000:]}")
+            os.replace(tmp, out)
     return out
 
 
