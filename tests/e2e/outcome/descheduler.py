@@ -2,7 +2,8 @@
 
 Policy: what OpenShift's ``KubeVirtRelieveAndMigrate`` profile sets, as far as upstream v0.36 has it (there is no
 ``KubevirtMigrationAware`` plugin and no soft-tainter upstream): DefaultEvictor with ``noEvictionPolicy:
-Mandatory``; LowNodeUtilization with deviation thresholds on the profile's Prometheus score and
+Mandatory`` and ``evictLocalStoragePods: true`` (the operator's ``kubeVirtRelieveAndMigrateProfile``: a real
+virt-launcher pod has emptyDir volumes, which DefaultEvictor otherwise protects); LowNodeUtilization with deviation thresholds on the profile's Prometheus score and
 ``evictionLimits.node``; ``maxNoOfPodsToEvictPerNode``, ``maxNoOfPodsToEvictTotal``; the nodes labelled
 ``kubevirt.io/schedulable=true``; feature gate ``EvictionsInBackground=true``. The numbers are the scenario's
 ``descheduler`` settings (the profile's: 0/10, node 2, 2 per node, 5 in total), as the simulator reads them.
@@ -56,7 +57,8 @@ def policy(prometheus_url: str, s: DeschedulerSettings) -> dict:
         "profiles": [{
             "name": PROFILE,
             "pluginConfig": [
-                {"name": "DefaultEvictor", "args": {"noEvictionPolicy": "Mandatory"}},
+                # the profile's DefaultEvictor (evictLocalStoragePods: virt-launcher pods carry emptyDir volumes)
+                {"name": "DefaultEvictor", "args": {"noEvictionPolicy": "Mandatory", "evictLocalStoragePods": True}},
                 {"name": "LowNodeUtilization", "args": {
                     "useDeviationThresholds": True,
                     "thresholds": {"MetricResource": s.low}, "targetThresholds": {"MetricResource": s.high},

@@ -12,9 +12,10 @@ Per mode (issue 19's summary):
   simulator's ``migrations_total``;
 - ``max_leaving_per_node``: the most VMs marked for evacuation from one node at one instant (KubeVirt's model,
   real or simulated, counts it at every mark);
-- ``evictions_during_migration``: evictions that reached KubeVirt's admitter for a VM with a migration queued or
-  running, or already marked (the model's admitter reasons ``kubevirt_evacuation_in_progress`` and
-  ``kubevirt_target_pod``; the real admitter records what it held at each call);
+- ``evictions_during_migration``: evictions that reached KubeVirt's admitter for a VM already marked, or for a
+  migration's target pod (the model's admitter reasons ``kubevirt_evacuation_in_progress`` and
+  ``kubevirt_target_pod``; real: virt-api's own answers in the audit log, ``Evacuation in progress`` and
+  ``Eviction request for target Pod``);
 - ``cooldown_violations``: descheduler-caused evacuations (a new mark, not KubeVirt's retry of a failed attempt)
   that started while the VM was inside the KubevirtMigrationAware plugin's cooldown computed from its whole history
   (``app.policy.effective_cooldown`` with the scenario's ``plugin`` settings: 15m / 6h / 48h scaled like the run);
@@ -32,14 +33,17 @@ from app.policy import effective_cooldown
 from app.policy.model import PolicySettings
 
 BACKGROUND = "Eviction triggered evacuation"
+VIRT_API_HOOK = "virt-launcher-eviction-interceptor.kubevirt.io"  # virt-api's eviction admitter
+DURING_MIGRATION_TEXTS = ("Evacuation in progress", "Eviction request for target Pod")
 KEYS = ("evictions_requested", "evictions_refused", "evictions_background", "migrations", "max_leaving_per_node",
         "evictions_during_migration", "cooldown_violations", "spread_score", "hot_node_seconds", "hot_longest_seconds")
 DURING_MIGRATION = ("kubevirt_evacuation_in_progress", "kubevirt_target_pod")
 
 
 def evacuation_starts(runs: list[dict]) -> list[dict]:
-    """The attempts that started an evacuation: a VM's attempt that is not a retry (the previous attempt of the
-    same VM failed and this one was created when it ended, as KubeVirt's evacuation controller creates retries)."""
+    """The attempts that started an evacuation: a VM's attempt that is not a retry. A real run's attempts say it
+    (``retry``: the VMI stayed marked since its previous attempt, which failed); the simulator's: the previous
+    attempt of the same VM failed and this one was created when it ended."""
     by_vm: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         by_vm[r["vm"]].append(r)
@@ -47,7 +51,10 @@ def evacuation_starts(runs: list[dict]) -> list[dict]:
     for attempts in by_vm.values():
         attempts.sort(key=lambda r: (r["created"], r["start"]))
         for prev, r in zip([None, *attempts], attempts):
-            retry = prev is not None and prev["failed"] and prev["end"] is not None and r["created"] == prev["end"]
+            if "retry" in r:
+                retry = r["retry"]
+            else:
+                retry = prev is not None and prev["failed"] and prev["end"] is not None and r["created"] == prev["end"]
             if not retry:
                 starts.append(r)
     return starts
@@ -85,10 +92,11 @@ def classify_answer(code: int, message: str) -> str:
 
 
 def real_figures(audit_answers: list[tuple[int, str]], actor: dict, plugin: PolicySettings) -> dict:
-    """From the descheduler's evictions in the audit log ((code, message) each) and the actor's result."""
+    """From the descheduler's evictions in the audit log ((code, message) each: who answered is in the message,
+    ``admission webhook "NAME" denied the request: ...``) and the actor's record of KubeVirt's VMIMs."""
     kinds = [classify_answer(code, msg) for code, msg in audit_answers]
-    admitted = [a for a in actor["admissions"] if not a["dry_run"] and a["vmi"]]
-    during = [a for a in admitted if a["marked"] or a["migrating"] or a["reason"] in DURING_MIGRATION]
+    admitted = [(code, msg) for code, msg in audit_answers if 200 <= code < 300 or f'"{VIRT_API_HOOK}"' in msg]
+    during = [msg for _, msg in admitted if any(t in msg for t in DURING_MIGRATION_TEXTS)]
     runs = actor["runs"]
     return {
         "evictions_requested": len(kinds),

@@ -1,0 +1,66 @@
+"""The outcome run's actor plays the guests and NICs with the simulator's physics: a copy alone on its NIC ends
+when ``app.sim.kubevirt.migration_duration`` says, for every kind of VM of the e2e scenario; a shared NIC slows
+both copies; the scheduler's pick is the simulator's."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from pathlib import Path
+from random import Random
+
+from app.sim.kubevirt import migration_duration
+from app.sim.scenario import load_scenario
+from tests.e2e.actor.physics import Copies, choose_target
+
+SCENARIO = Path(__file__).parent / "e2e" / "outcome" / "scenario.yaml"
+
+
+def _scenario():
+    sc = load_scenario(SCENARIO)
+    return sc, copy.deepcopy(sc.nodes), copy.deepcopy(sc.vms)
+
+
+def test_a_copy_alone_ends_when_the_simulator_says():
+    sc, nodes, vms = _scenario()
+    settings = sc.kubevirt
+    seen = set()
+    for vm in vms:
+        c_rng_free = Copies(dataclasses.replace(settings, failure_probability=0.0), nodes, Random(0))
+        c_rng_free.start("m", vm, nodes[0].name, nodes[1].name, 100.0)
+        c = c_rng_free.copies["m"]
+        expected, aborted = migration_duration(vm.memory, vm.dirty_rate, settings.network, settings)
+        assert math.ceil(c.end_at - 100.0 - 1e-9) == expected - settings.setup_seconds, vm.name
+        assert bool(c.why) == aborted, (vm.name, c.why)
+        assert c_rng_free.outcome("m", c.end_at - 0.01) is None
+        assert c_rng_free.outcome("m", c.end_at) == (aborted, c.why)
+        seen.add((vm.group, aborted))
+    assert ("db", True) in seen and ("app", False) in seen  # the scenario has both kinds
+
+
+def test_a_shared_nic_slows_both_copies_and_one_ending_speeds_the_other():
+    sc, nodes, vms = _scenario()
+    settings = dataclasses.replace(sc.kubevirt, failure_probability=0.0)
+    app = next(vm for vm in vms if vm.group == "app")
+    copies = Copies(settings, nodes, Random(0))
+    copies.start("a", app, "worker-00", "worker-01", 0.0)
+    alone = copies.copies["a"].end_at
+    copies.start("b", app, "worker-00", "worker-02", 0.0)
+    shared = copies.copies["a"].end_at
+    assert shared > alone
+    copies.stop("b", 0.5)
+    assert alone < copies.copies["a"].end_at < shared
+
+
+def test_the_target_is_the_least_allocated_node_that_fits_and_never_the_source():
+    sc, nodes, vms = _scenario()
+    big = next(vm for vm in vms if vm.group == "big")
+    requests = {n.name: (1.0, 100.0) for n in nodes}
+    requests["worker-03"] = (0.5, 10.0)
+    assert choose_target(big, "worker-05", nodes, requests, Random(0)).name == "worker-03"
+    assert choose_target(big, "worker-03", nodes, requests, Random(0)).name != "worker-03"
+    requests["worker-03"] = (0.5, nodes[3].memory - 1)  # the VM's memory does not fit there
+    assert choose_target(big, "worker-05", nodes, requests, Random(0)).name != "worker-03"
+    pinned = next(vm for vm in vms if vm.target_unschedulable)
+    assert choose_target(pinned, "worker-05", nodes, requests, Random(0)) is None
