@@ -80,8 +80,12 @@ def create_cluster(api: client.ApiClient, nodes, vms, placement: list[int], acto
     except ApiException as e:
         if e.status != 409:
             raise
+    core = client.CoreV1Api(api)
     for n in nodes:
         objects.node(n.name, cpu=str(int(n.cpu)), memory=f"{int(n.memory)}Gi")
+        # the API server's TaintNodesByCondition put node.kubernetes.io/not-ready on the new node; the node
+        # lifecycle controller (kube-controller-manager, not run here) takes it away once the node is Ready
+        core.patch_node(n.name, {"spec": {"taints": None}})
     custom = client.CustomObjectsApi(api)
     for vm, i in zip(vms, placement):
         actor.placement[(NAMESPACE, vm.name)] = nodes[i].name
