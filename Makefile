@@ -154,8 +154,9 @@ e2e-oldest: $(STAMP) e2e-bin
 	  $(PY) -m pytest -m e2e tests/e2e $(addprefix --ignore=,$(E2E_OLDEST_SKIP)) $(E2E_ARGS)
 
 # The outcome run (about 13 minutes): the real descheduler without the guard, with it, and with evictionLimits.node
-# 1, 12 minutes of real time each (side by side), against the actor's KubeVirt, Prometheus and load model
-# (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
+# 1, 12 minutes of real time each (side by side, each on its own control plane with real virt-api and
+# virt-controller), the actor as scheduler, kubelet and virt-handler with the scenario's physics, Prometheus and the
+# load model (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
 # table in docs/simulator.md. Needs unshare (the descheduler runs in its own mount namespace) and Debian's
 # prometheus. `make e2e` runs a 90 s form of it.
 # DESCHEDULER=path POLICY=file [MODEL=mode] [STRUCTURE_ONLY=1]: also run that descheduler build with that policy as

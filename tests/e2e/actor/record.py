@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import calendar
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -68,8 +69,9 @@ class Recorder:
                 log.warning("recorder pass failed: %s", e)
 
     def t(self, stamp: str | None) -> float | None:
+        """Whole seconds of the run, as the simulator counts them (KubeVirt's stamps are truncated seconds)."""
         s = _seconds(stamp)
-        return None if s is None else s - self.wall0
+        return None if s is None else s - math.floor(self.wall0)
 
     def step(self) -> None:
         vmis = self.custom.list_namespaced_custom_object(*KUBEVIRT, self.ns, "virtualmachineinstances")["items"]
