@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.sim.guards import parse_mode
 from app.sim.metrics import balance
 from app.sim.scenario import Scenario
 from tests.e2e.controlplane import ROOT, ControlPlane, free_port
