@@ -64,3 +64,31 @@ def test_the_target_is_the_least_allocated_node_that_fits_and_never_the_source()
     assert choose_target(big, "worker-05", nodes, requests, Random(0)).name != "worker-03"
     pinned = next(vm for vm in vms if vm.target_unschedulable)
     assert choose_target(pinned, "worker-05", nodes, requests, Random(0)) is None
+
+
+def test_the_real_figures_read_who_answered_from_the_audit_log_and_retries_from_the_record():
+    from app.policy.model import PolicySettings
+    from tests.e2e.outcome.figures import real_figures
+
+    hook = 'admission webhook "virt-launcher-eviction-interceptor.kubevirt.io" denied the request: '
+    guard = 'admission webhook "guard.example" denied the request: '
+    answers = [(429, hook + 'Eviction triggered evacuation of VMI "vms/a"'),
+               (429, hook + 'Evacuation in progress: Eviction triggered evacuation of VMI "vms/a"'),
+               (429, hook + 'Eviction request for target Pod of VMI "vms/b"'),
+               (429, guard + 'Evacuation in progress: Eviction triggered evacuation of VMI "vms/c"'),
+               (429, guard + "cooldown")]
+    # a: marked at 10, failed at 40, retried at 100 (still marked: not a new evacuation), evicted anew at 5000
+    runs = [{"vm": "a", "cause": "descheduler", "created": 10, "start": 10, "end": 40, "failed": True,
+             "copy_start": 12, "retry": False},
+            {"vm": "a", "cause": "descheduler", "created": 100, "start": 100, "end": 110, "failed": False,
+             "copy_start": 102, "retry": True},
+            {"vm": "a", "cause": "descheduler", "created": 5000, "start": 5000, "end": None, "failed": False,
+             "copy_start": None, "retry": False}]
+    plugin = PolicySettings(migration_cooldown=150, max_migration_cooldown=3600, migration_history_window=28800)
+    f = real_figures(answers, {"runs": runs, "max_leaving_per_node": 1}, plugin)
+    assert f["evictions_requested"] == 5 and f["evictions_background"] == 3 and f["evictions_refused"] == 2
+    assert f["evictions_reaching_kubevirt"] == 3 and f["evictions_during_migration"] == 2
+    assert f["migrations"] == 3 and f["migrations_failed"] == 1
+    assert f["cooldown_violations"] == 0  # the retry at 100 is KubeVirt's; 5000 is past any cooldown
+    runs[1]["retry"] = False  # the same attempt as a new eviction, 60 s after the failure: inside the cooldown
+    assert real_figures(answers, {"runs": runs, "max_leaving_per_node": 1}, plugin)["cooldown_violations"] == 1

@@ -130,13 +130,21 @@ def migration_config(s) -> dict:
             "progressTimeout": int(s.progress_timeout)}
 
 
-CONSTANTS = {"unschedulable_timeout": 300, "backoff_initial": 20, "retained_finished_migrations": 5}
+# what KubeVirt v1.8.3 does without being told, and the actor's virt-handler does as KubeVirt's
+CONSTANTS = {"unschedulable_timeout": 300, "backoff_initial": 20, "retained_finished_migrations": 5,
+             "heartbeat_interval": 60, "heartbeat_jitter": 1.2}
 
 
 def unsettable(s) -> list[str]:
     """The scenario's KubeVirt settings that differ from what KubeVirt does without being told (``CONSTANTS``):
     a real run cannot follow them, so the scenario must say the constants."""
-    return [f"kubevirt {k}: {getattr(s, k)} (KubeVirt: {v})" for k, v in CONSTANTS.items() if getattr(s, k) != v]
+    return [f"kubevirt {k}: {getattr(s, k)} (KubeVirt: {v})" for k, v in CONSTANTS.items()
+            if getattr(s, k, v) != v]
+
+
+def feature_gates(s) -> tuple[str, ...]:
+    """The KubeVirt CR's feature gates for the scenario: MigrationPriorityQueue when it asks for the gate-on path."""
+    return ("MigrationPriorityQueue",) if getattr(s, "migration_priority_queue", False) else ()
 
 
 def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, duration: float,
@@ -154,7 +162,8 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
     procs: list = []
     try:
         cp.install_crds(kubevirt=False)
-        kubevirt = KubeVirt(cp, workdir / "kubevirt", migrations=migration_config(scenario.kubevirt))
+        kubevirt = KubeVirt(cp, workdir / "kubevirt", migrations=migration_config(scenario.kubevirt),
+                            feature_gates=feature_gates(scenario.kubevirt))
         procs.append(kubevirt)
         kubevirt.start()
         sa = install_rbac(cp)
