@@ -40,10 +40,13 @@ KEYS = ("evictions_requested", "evictions_refused", "evictions_background", "mig
 DURING_MIGRATION = ("kubevirt_evacuation_in_progress", "kubevirt_target_pod")
 
 
-def evacuation_starts(runs: list[dict]) -> list[dict]:
+def evacuation_starts(runs: list[dict], retry_window: float = 0) -> list[dict]:
     """The attempts that started an evacuation: a VM's attempt that is not a retry. A real run's attempts say it
-    (``retry``: the VMI stayed marked since its previous attempt, which failed); the simulator's: the previous
-    attempt of the same VM failed and this one was created when it ended."""
+    (``retry``: the VMI stayed marked since its previous attempt, which failed). The simulator's runs do not: there
+    an attempt is a retry when the previous attempt of the same VM failed and this one was created at most
+    ``retry_window`` seconds later (KubeVirt's evacuation controller creates the retry at its next look at the
+    node: at the latest virt-handler's next heartbeat; a new mark in that time would need the old one cancelled and
+    a new eviction admitted, which the guard's cooldown refuses)."""
     by_vm: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         by_vm[r["vm"]].append(r)
@@ -54,20 +57,21 @@ def evacuation_starts(runs: list[dict]) -> list[dict]:
             if "retry" in r:
                 retry = r["retry"]
             else:
-                retry = prev is not None and prev["failed"] and prev["end"] is not None and r["created"] == prev["end"]
+                retry = (prev is not None and prev["failed"] and prev["end"] is not None
+                         and prev["end"] <= r["created"] <= prev["end"] + retry_window)
             if not retry:
                 starts.append(r)
     return starts
 
 
-def cooldown_violations(runs: list[dict], plugin: PolicySettings) -> list[dict]:
+def cooldown_violations(runs: list[dict], plugin: PolicySettings, retry_window: float = 0) -> list[dict]:
     """Descheduler-caused evacuations that started inside the plugin's cooldown of their VM."""
     history: dict[str, list[dict]] = defaultdict(list)
     for r in runs:  # the plugin counts every endTimestamp of the VMI's migrationState: failed attempts too
         if r["copy_start"] is not None and r["end"] is not None:
             history[r["vm"]].append(r)
     out = []
-    for r in evacuation_starts(runs):
+    for r in evacuation_starts(runs, retry_window):
         if r["cause"] != "descheduler":
             continue
         at = r["created"]
@@ -112,8 +116,16 @@ def real_figures(audit_answers: list[tuple[int, str]], actor: dict, plugin: Poli
     }
 
 
-def model_figures(summary: dict, runs: list[dict], plugin: PolicySettings) -> dict:
-    """From the simulator's ``summarize`` and its migrations (``series``' list, with ``created`` added)."""
+def retry_window(kubevirt) -> float:
+    """The longest KubeVirt's evacuation controller can take to create a retry after a failed attempt in the
+    simulator: its target exits, then the node's next heartbeat (interval x (1 + jitter))."""
+    interval = getattr(kubevirt, "heartbeat_interval", 60)
+    return interval * (1 + getattr(kubevirt, "heartbeat_jitter", 1.2)) + getattr(kubevirt, "target_exit_seconds", 1) + 1
+
+
+def model_figures(summary: dict, runs: list[dict], plugin: PolicySettings, window: float = 0) -> dict:
+    """From the simulator's ``summarize`` and its migrations (``series``' list, with ``created`` added); ``window``:
+    ``retry_window`` of the scenario's KubeVirt."""
     ev = summary["evictions"]
     outcomes = summary["descheduler_outcomes"]
     reaching = sum(n for reason, n in outcomes.items() if reason.startswith("kubevirt_"))
@@ -124,7 +136,7 @@ def model_figures(summary: dict, runs: list[dict], plugin: PolicySettings) -> di
         "migrations": summary["migrations_total"],
         "max_leaving_per_node": summary["max_leaving_per_node"],
         "evictions_during_migration": sum(outcomes.get(r, 0) for r in DURING_MIGRATION),
-        "cooldown_violations": len(cooldown_violations(runs, plugin)),
+        "cooldown_violations": len(cooldown_violations(runs, plugin, window)),
         "evictions_allowed": ev["allowed"],
         "migrations_failed": summary["failed_migrations"],
         "evictions_reaching_kubevirt": reaching,
