@@ -92,3 +92,16 @@ def test_the_real_figures_read_who_answered_from_the_audit_log_and_retries_from_
     assert f["cooldown_violations"] == 0  # the retry at 100 is KubeVirt's; 5000 is past any cooldown
     runs[1]["retry"] = False  # the same attempt as a new eviction, 60 s after the failure: inside the cooldown
     assert real_figures(answers, {"runs": runs, "max_leaving_per_node": 1}, plugin)["cooldown_violations"] == 1
+
+
+def test_the_outcome_policy_lets_the_descheduler_evict_virt_launcher_pods():
+    """Real virt-launcher pods have emptyDir volumes; descheduler v0.36 protects such pods unless told otherwise."""
+    from app.sim.scenario import DeschedulerSettings
+    from tests.e2e.outcome.descheduler import policy, protects_local_storage
+
+    doc = policy("http://127.0.0.1:9", DeschedulerSettings())
+    assert not protects_local_storage(doc)
+    doc["profiles"][0]["pluginConfig"][0]["args"].pop("evictLocalStoragePods")
+    assert protects_local_storage(doc)
+    doc["profiles"][0]["pluginConfig"][0]["args"]["podProtections"] = {"defaultDisabled": ["PodsWithLocalStorage"]}
+    assert not protects_local_storage(doc)

@@ -85,6 +85,20 @@ def custom_policy(path: Path, prometheus_url: str) -> dict:
     return doc
 
 
+def protects_local_storage(doc: dict) -> bool:
+    """Whether the policy's DefaultEvictor keeps pods with emptyDir volumes, every virt-launcher pod among them
+    (descheduler v0.36's default ``PodsWithLocalStorage`` protection): such a policy evicts no VM at all."""
+    for profile in doc.get("profiles") or []:
+        for cfg in profile.get("pluginConfig") or []:
+            if cfg.get("name") != "DefaultEvictor":
+                continue
+            args = cfg.get("args") or {}
+            disabled = (args.get("podProtections") or {}).get("defaultDisabled") or []
+            if args.get("evictLocalStoragePods") or "PodsWithLocalStorage" in disabled:
+                return False
+    return True
+
+
 def settings_from_policy(doc: dict, base: DeschedulerSettings) -> DeschedulerSettings:
     """The limits and thresholds a policy sets, as the simulator's settings (``base`` for what it leaves out), so
     that its cycles are checked against what it asked for: ``maxNoOfPodsToEvictPerNode``, ``...Total``, and

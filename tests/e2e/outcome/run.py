@@ -36,7 +36,8 @@ from tests.e2e.guard import GuardProcess, install_chart
 from tests.e2e.kubevirt import KubeVirt
 from tests.e2e.outcome.cycles import check as check_cycles
 from tests.e2e.outcome.cycles import parse as parse_cycles
-from tests.e2e.outcome.descheduler import Descheduler, custom_policy, install_rbac, settings_from_policy
+from tests.e2e.outcome.descheduler import (Descheduler, custom_policy, install_rbac, protects_local_storage,
+                                           settings_from_policy)
 from tests.e2e.outcome.figures import real_figures
 from tests.e2e.outcome.prometheus import SCORE, Prometheus
 
@@ -215,6 +216,9 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         user = f"system:serviceaccount:kube-system:{sa}"
         figures = {**real_figures(_audit_answers(cp, user), result, scenario.plugin), **balanced}
         notes = []
+        if policy_doc is not None and protects_local_storage(policy_doc):
+            notes.append("the policy's DefaultEvictor protects pods with local storage: virt-launcher pods have "
+                         "emptyDir volumes, so it evicts no VM (the KubeVirt profile sets evictLocalStoragePods)")
         forbidden = _forbidden(cp, user)
         if forbidden:
             notes.append(f"the descheduler's chart RBAC refused {len(forbidden)} of its requests: {forbidden[:3]}")
