@@ -1,4 +1,4 @@
-"""Command line: serve, explain, report, certs, simulate. Thin wiring; the judgement lives in policy."""
+"""Command line: serve, explain, report, certs, unregister, simulate. Thin wiring; the judgement lives in policy."""
 
 from __future__ import annotations
 
@@ -72,6 +72,9 @@ service_name = _pattern(r"(?=.{1,63}$)[a-z]([-a-z0-9]*[a-z0-9])?", "a Service na
                                                                  "starting with a letter, at most 63)")
 namespace_name = _pattern(r"(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?", "a namespace name (lowercase letters, digits "
                                                                         "and '-', at most 63)")
+# a cluster-scoped object's name: a DNS-1123 subdomain
+object_name = _pattern(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+                       "an object name (lowercase letters, digits, '-' and '.', at most 253)")
 
 
 def log_level(text: str) -> str:
@@ -264,6 +267,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="validity of the serving certificate in days, 1 to 3650 (default 365; the CA: 10 times)")
     certs.add_argument("--force", action="store_true", help="replace ca.crt, tls.crt and tls.key if they exist")
 
+    unregister = sub.add_parser(
+        "unregister", help="delete the guard's webhook configuration (the chart's uninstall hook)",
+        description="Delete one MutatingWebhookConfiguration or ValidatingWebhookConfiguration by name, so that "
+                    "the API server stops calling the guard before its pods and Service go (the chart runs this as "
+                    "a pre-delete hook). Retries 403, 429, 5xx and connection errors until --timeout; a webhook "
+                    "configuration already gone is success. Exit status: 0 deleted or absent, 1 not deleted.")
+    _logging_flags(unregister, argparse.SUPPRESS)
+    unregister.add_argument("--kind", required=True, choices=("mutating", "validating"),
+                            help="the webhook configuration's kind (the chart's webhook.type)")
+    unregister.add_argument("--name", required=True, type=object_name, help="the webhook configuration's name")
+    unregister.add_argument("--timeout", type=_ranged_int(1, 3600, "a number of seconds from 1 to 3600"), default=30,
+                            metavar="SECONDS", help="give up after this long (default 30)")
+    _kube_flags(unregister)
+
     from app.sim.options import add_arguments as simulate_arguments
 
     simulate = sub.add_parser("simulate", help="simulate KubeVirt and the descheduler with and without the guard",
@@ -336,5 +353,17 @@ def run(args: argparse.Namespace) -> int:
         paths = write_certs(issued, args.out, force=args.force)
         print(f"wrote {paths['ca']}, {paths['cert']}, {paths['key']}", file=sys.stderr)
         print(issued.ca_bundle)
+        return 0
+    if args.command == "unregister":
+        from app.cluster.kube import api_client
+        from app.cluster.unregister import KINDS, UnregisterError, delete_webhook_configuration
+
+        try:
+            done = delete_webhook_configuration(api_client(args.kubeconfig, args.kube_context), args.kind, args.name,
+                                                timeout=args.timeout)
+        except UnregisterError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 1
+        print(f"{KINDS[args.kind]} {args.name}: " + ("deleted" if done == "deleted" else "already gone"))
         return 0
     raise ValueError(f"unknown command {args.command!r}")

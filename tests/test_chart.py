@@ -448,6 +448,78 @@ def test_webhook_configuration_is_installed_last():
     assert kinds.index("Deployment") < last
 
 
+# ---- the uninstall hook ----------------------------------------------------------------------------
+
+HOOK = {"uninstallHook": {"enabled": True}}
+
+
+def hook_objects(docs: list[dict]) -> dict[str, dict]:
+    return {d["kind"]: d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})}
+
+
+def test_the_uninstall_hook_renders_only_for_helm_3_unless_asked():
+    """auto: only when Helm 3 renders (this engine is Helm 4's, which deletes webhook configurations first)."""
+    assert hook_objects(render()) == {}
+    assert hook_objects(render({"uninstallHook": {"enabled": False}})) == {}
+    assert set(hook_objects(render(HOOK))) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+
+
+@pytest.mark.parametrize("kind", WEBHOOK_TYPES)
+def test_the_uninstall_hook_deletes_only_the_releases_webhook_configuration_before_anything_else(kind):
+    docs = render(merge(HOOK, {"webhook": {"type": kind}}))
+    hooks = hook_objects(docs)
+    _validate_all(list(hooks.values()))
+    for d in hooks.values():
+        assert d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    weight = {k: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for k, d in hooks.items()}
+    assert max(weight[k] for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")) < weight["Job"]
+    policies = {k: set(d["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(",")) for k, d in hooks.items()}
+    assert all({"before-hook-creation", "hook-succeeded"} <= p for p in policies.values())
+    assert "hook-failed" in policies["Job"]  # and Helm deletes the succeeded RBAC hooks when a later hook fails
+    # RBAC: delete, on that one object, and nothing else
+    target = webhook_config(docs)
+    assert grants(hooks["ClusterRole"]) == {("admissionregistration.k8s.io", f"{kind}webhookconfigurations", "delete")}
+    (rule,) = hooks["ClusterRole"]["rules"]
+    assert rule["resourceNames"] == [target["metadata"]["name"]]
+    binding = hooks["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == hooks["ClusterRole"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": hooks["ServiceAccount"]["metadata"]["name"],
+                                    "namespace": NS}]
+    # the Job: the guard's image, its own command line, the Deployment's hardening, a deadline
+    job = hooks["Job"]["spec"]
+    pod = job["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == container(docs)["image"] and c["command"] == ["kubevirt-eviction-guard"]
+    args = build_parser().parse_args(c["args"])
+    assert (args.command, args.kind, args.name) == ("unregister", kind, target["metadata"]["name"])
+    assert args.kubeconfig is None  # in-cluster: the hook's own ServiceAccount
+    assert pod["serviceAccountName"] == hooks["ServiceAccount"]["metadata"]["name"]
+    deployment = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == deployment["securityContext"]
+    assert c["securityContext"] == container(docs)["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["runAsNonRoot"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["restartPolicy"] == "Never" and job["activeDeadlineSeconds"] == 60 and args.timeout < 60
+    # its pod is none of the guard's: not behind the Service, not counted by the PDB, not under the NetworkPolicy
+    labels = job["template"]["metadata"]["labels"]
+    for selector in (one(docs, "Service")["spec"]["selector"],
+                     one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+                     one(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]):
+        assert not selector.items() <= labels.items(), selector
+    assert labels["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_the_uninstall_hooks_deadline_is_a_value():
+    job = hook_objects(render(merge(HOOK, {"uninstallHook": {"activeDeadlineSeconds": 120}})))["Job"]["spec"]
+    (c,) = job["template"]["spec"]["containers"]
+    assert job["activeDeadlineSeconds"] == 120
+    assert build_parser().parse_args(c["args"]).timeout == 115
+    with pytest.raises(helm.HelmValuesError, match="activeDeadlineSeconds"):
+        render(merge(HOOK, {"uninstallHook": {"activeDeadlineSeconds": 0}}))
+    with pytest.raises(helm.HelmValuesError, match="enabled"):
+        render({"uninstallHook": {"enabled": "sometimes"}})
+
+
 # ---- certificates ----------------------------------------------------------------------------------
 
 
@@ -500,6 +572,49 @@ def test_helm_generated_certificates_are_stable_across_upgrades_via_lookup():
     assert webhook_config(upgrade)["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
     # without a cluster every render generates a new CA: the stability really comes from lookup
     assert one(render(), "Secret")["data"]["ca.crt"] != secret["data"]["ca.crt"]
+
+
+def _certs(bundle_b64: str) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(base64.b64decode(bundle_b64))
+
+
+def test_a_new_ca_is_trusted_beside_the_previous_one_until_the_next_upgrade():
+    """Rotation (the Secret deleted, then an upgrade): the caBundle holds the new CA and the one the webhook
+    configuration had first, so the API server trusts the pods' old pair until they serve the new one. The next
+    upgrade drops the old CA; a second rotation keeps one previous CA, never more."""
+    with FakeApiServer() as api, helm.Chart.load(CHART) as c:
+        with helm.Config(kube_apiserver=api.url, kube_token="fake-token", namespace=NS) as cfg:
+            def upgrade(values: dict | None = None) -> tuple[dict, dict]:
+                docs = docs_of(cfg.render(c, values or {}, name=RELEASE, namespace=NS, is_upgrade=True))
+                secret, hook = one(docs, "Secret"), webhook_config(docs)
+                api.put(secret)
+                api.put(hook)
+                return secret, hook
+
+            def bundle(hook: dict) -> list[x509.Certificate]:
+                return _certs(hook["webhooks"][0]["clientConfig"]["caBundle"])
+
+            first, hook = upgrade()
+            assert [c.serial_number for c in bundle(hook)] == [_certs(first["data"]["ca.crt"])[0].serial_number]
+            api.delete("Secret", NS, first["metadata"]["name"])
+            second, hook = upgrade()
+            new, old = (_certs(s["data"]["ca.crt"])[0] for s in (second, first))
+            assert new != old and _certs(second["data"]["ca.crt"]) == [new]  # the pods' Secret: the new CA alone
+            assert bundle(hook) == [new, old]
+            assert verify_signed_by(x509.load_pem_x509_certificate(base64.b64decode(first["data"]["tls.crt"])),
+                                    bundle(hook)[1]) is None
+            kept, hook = upgrade({"replicaCount": 3})
+            assert kept["data"] == second["data"] and bundle(hook) == [new]
+            api.delete("Secret", NS, kept["metadata"]["name"])
+            third, hook = upgrade()
+            api.delete("Secret", NS, third["metadata"]["name"])
+            fourth, hook = upgrade()
+            assert bundle(hook) == [_certs(fourth["data"]["ca.crt"])[0], _certs(third["data"]["ca.crt"])[0]]
+            # the webhook type changed with the rotation: no configuration of that kind to take a CA from
+            api.delete("Secret", NS, fourth["metadata"]["name"])
+            docs = docs_of(cfg.render(c, {"webhook": {"type": "validating"}}, name=RELEASE, namespace=NS,
+                                      is_upgrade=True))
+            assert len(_certs(webhook_config(docs)["webhooks"][0]["clientConfig"]["caBundle"])) == 1
 
 
 def test_cert_manager_mode_issues_a_certificate_and_injects_the_ca():

@@ -25,6 +25,12 @@ Isolation by construction, not by rules:
 ``stop`` ends the daemons by PID (SIGTERM, then SIGKILL to every process left in the test's cgroups), removes the
 cgroups and the namespace and checks that nothing remains: no cgroup, no interface, no mount, ``ip_forward`` as it
 was (``leftovers``).
+
+A test process killed outright (SIGKILL, or SIGTERM, which runs no teardown; Ctrl-C does run it) leaves its node
+running. Each node therefore writes a record (``build/e2e/nodes/<id>.json``: its netns, veth, cgroups, folder and
+the PID and start time of the test process that owns it) before making anything, and removes it in ``stop``; the
+next ``start`` in the same checkout reaps every node whose owner is gone (``reap_stale_nodes``): by the record's
+names, never by a pattern, so that another checkout's or a running session's node is never touched.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -47,6 +54,7 @@ DEBIAN_PACKAGES = {"containerd": "containerd", "runc": "runc", "/usr/lib/cni/bri
                    "/usr/lib/x86_64-linux-gnu/libc.a": "libc6-dev"}
 NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-controller-manager", "kube-proxy")
 CGROUP = Path("/sys/fs/cgroup")
+NODES_DIR = ROOT / "build" / "e2e" / "nodes"  # a record of each running node of this checkout
 IMAGE_ARCHIVE = ROOT / "build" / "image" / "kubevirt-eviction-guard.oci.tar"
 IMAGE_REPOSITORY = "localhost/kubevirt-eviction-guard"
 PAUSE_REPOSITORY = "localhost/pause"
@@ -171,6 +179,70 @@ def versions(bin_dir: Path = BIN) -> dict:
                                 "containernetworking-plugins")}
 
 
+def process_start(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot), which a reused PID does not share; None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _kill_cgroup(cgroup_name: str, extra: set[int] = frozenset()) -> None:
+    """SIGKILL to every process in the test's cgroups (and ``extra``), until none is left; then the cgroups go."""
+    for _ in range(50):
+        pids = _cgroup_pids(cgroup_name) | {p for p in extra if process_start(p) is not None}
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    for h in _cgroup_hierarchies():
+        root = h / cgroup_name
+        if root.exists():
+            for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                _rmdir(d)
+            _rmdir(root)
+
+
+def _cgroup_pids(cgroup_name: str) -> set[int]:
+    pids: set[int] = set()
+    for h in _cgroup_hierarchies():
+        root = h / cgroup_name
+        if root.exists():
+            for procs in root.rglob("cgroup.procs"):
+                try:
+                    pids |= {int(p) for p in procs.read_text().split()}
+                except OSError:
+                    pass
+    return pids
+
+
+def reap_stale_nodes(records: Path = NODES_DIR) -> list[dict]:
+    """Tear down the nodes of this checkout whose test process is gone (killed without its teardown): every process
+    in their cgroups, the cgroups, the network namespace, the veth's host end, the node's folder. Returns the
+    records reaped."""
+    reaped = []
+    for path in sorted(records.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written by a node starting right now
+        if process_start(rec["owner"]) == rec["owner_start"]:
+            continue  # its session is still running
+        holder = {rec["holder"]} if rec.get("holder") and process_start(rec["holder"]) == rec.get("holder_start") \
+            else set()
+        _kill_cgroup(rec["cgroup"], holder)
+        subprocess.run(["ip", "netns", "del", rec["netns"]], capture_output=True)
+        subprocess.run(["ip", "link", "del", rec["host_if"]], capture_output=True)
+        shutil.rmtree(rec["workdir"], ignore_errors=True)
+        path.unlink(missing_ok=True)
+        reaped.append(rec)
+    return reaped
+
+
 class Node:
     """The node and the control plane it belongs to, in ``workdir``; ``start()`` returns when the node is Ready."""
 
@@ -194,6 +266,7 @@ class Node:
         self.mount_ns = ""
         self.processes: list[_Process] = []
         self.cp: ControlPlane | None = None
+        self.reaped: list[dict] = []  # nodes of killed sessions torn down by start()
 
     # ---- namespaces ----
 
@@ -254,12 +327,31 @@ class Node:
 
     # ---- start ----
 
+    @property
+    def record(self) -> Path:
+        return NODES_DIR / f"{self.id}.json"
+
+    def _write_record(self) -> None:
+        NODES_DIR.mkdir(parents=True, exist_ok=True)
+        holder = self.holder.pid if self.holder is not None else None
+        rec = {"id": self.id, "netns": self.netns, "host_if": self.host_if, "cgroup": self.cgroup_name,
+               "workdir": str(self.dir), "owner": os.getpid(), "owner_start": process_start(os.getpid()),
+               "holder": holder, "holder_start": process_start(holder) if holder else None}
+        tmp = self.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec))
+        tmp.replace(self.record)
+
     def start(self, timeout: float = 300) -> "Node":
         ensure_debian_packages()
+        self.reaped = reap_stale_nodes()
+        if self.reaped:  # what they left is not this node's: compare with the state after them
+            self.before = kernel_state()
+        self._write_record()
         try:
             self._setup_network()
             self._setup_cgroups()
             self._start_holder()
+            self._write_record()
             self.cp = ControlPlane(self.dir / "control-plane", self.bin, address=self.node_ip, prefix=self.inside(),
                                    for_node=True)
             self.cp.start()
@@ -413,16 +505,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
     # ---- the node's processes ----
 
     def cgroup_pids(self) -> set[int]:
-        pids: set[int] = set()
-        for h in _cgroup_hierarchies():
-            root = h / self.cgroup_name
-            if root.exists():
-                for procs in root.rglob("cgroup.procs"):
-                    try:
-                        pids |= {int(p) for p in procs.read_text().split()}
-                    except OSError:
-                        pass
-        return pids
+        return _cgroup_pids(self.cgroup_name)
 
     def container_pids(self, command: str) -> list[int]:
         """PIDs of processes in the pods' cgroups whose command line contains ``command``."""
@@ -474,17 +557,31 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
                 _rmdir(root)
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        self.record.unlink(missing_ok=True)
 
     def leftovers(self) -> dict:
         """What differs from before ``start`` (empty: nothing left), and the test's cgroups if any remain."""
-        after = kernel_state()
-        diff = {k: {"before": self.before[k], "after": after[k]} for k in after if after[k] != self.before[k]}
+        after, before = kernel_state(), dict(self.before)
+        # other sessions' nodes (other checkouts run theirs at the same time) come and go: not this node's doing
+        for k in ("links", "netns", "mounts"):
+            before[k], after[k] = self._not_others(before[k]), self._not_others(after[k])
+        diff = {k: {"before": before[k], "after": after[k]} for k in after if after[k] != before[k]}
         cgroups = [str(h / self.cgroup_name) for h in _cgroup_hierarchies() if (h / self.cgroup_name).exists()]
         if cgroups:
             diff["cgroups"] = cgroups
         if self.mount_ns and (procs := self._in_mount_ns()):
             diff["processes"] = procs
         return diff
+
+    def _not_others(self, entries: list[str]) -> list[str]:
+        """``entries`` without another node's netns, veth or netns mount (and ``ip netns list``'s "(id: N)")."""
+        out = []
+        for e in entries:
+            m = re.search(r"kveg-([0-9a-z]{8})\b|^kvh([0-9a-z]{8})$", e)
+            if (m and self.id not in m.groups()) or re.fullmatch(r"\(id:|\d+\)", e):
+                continue
+            out.append(e)
+        return out
 
     def _in_mount_ns(self) -> list[str]:
         """Processes still in the node's mount namespace (whatever their cgroup)."""

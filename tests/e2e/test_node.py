@@ -13,6 +13,7 @@ load are dry-run evictions of a VM marked for evacuation, sent as the admin over
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -26,12 +27,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.cluster import Cluster
 from tests.e2e.controlplane import ROOT
 from tests.e2e.guard import CHART, helm
-from tests.e2e.node import IMAGE_ARCHIVE, IMAGE_REPOSITORY, NODE_INFO, Node, versions
+from tests.e2e.node import (IMAGE_ARCHIVE, IMAGE_REPOSITORY, NODE_INFO, NODES_DIR, Node, _cgroup_hierarchies,
+                             process_start, reap_stale_nodes, versions)
+from tests.e2e.test_helm_versions import (HOOK_KINDS, WEBHOOK, describe, hook_user, install_upgrade_rotate,
+                                          leftovers, uninstall)
 from tests.live_support import eventually
 
 # the image build (minutes when cold) and the node's start are in the first test's fixtures
@@ -119,7 +124,8 @@ def node(binaries: Path, e2e_dir: Path, image: dict):
     n = Node(e2e_dir / "node", binaries)
     started = time.monotonic()
     n.start()
-    NODE_INFO.update(versions(binaries), start_seconds=round(time.monotonic() - started, 1))
+    NODE_INFO.update(versions(binaries), start_seconds=round(time.monotonic() - started, 1),
+                     reaped=[r["id"] for r in n.reaped])
     try:
         n.cp.install_crds()
         n.import_image(IMAGE_ARCHIVE, IMAGE_REPOSITORY)
@@ -163,6 +169,16 @@ class Guards:
             values.append(sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
                               if s.name == name and want <= set(s.labels.items())))
         return min(values) if values else 0
+
+    def metric_by_pod(self, name: str) -> dict[str, float]:
+        """``name`` (one series, no labels) on each Ready replica."""
+        out = {}
+        for p in self.ready():
+            text = self.cp.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/http:{p['metadata']['name']}"
+                                   ":8080/proxy/metrics").stdout
+            out[p["metadata"]["name"]] = next(s.value for fam in text_string_to_metric_families(text)
+                                              for s in fam.samples if s.name == name)
+        return out
 
     def pid(self, pod: dict) -> int:
         """The guard's PID on this machine (found in the pod's cgroup, under the test's own)."""
@@ -394,38 +410,47 @@ def test_rolling_upgrade(node, release, node_cluster, marked, detail):
 
 @pytest.mark.check("certificate rotation under load")
 def test_certificate_rotation_under_load(node, release, node_cluster, marked, detail):
-    """Rotation of the Helm-generated pair: delete its Secret, ``helm upgrade`` (the chart generates a new CA and
-    serving certificate, and the webhook's caBundle changes with them). The pods are not restarted: kubelet
-    refreshes the mounted Secret and the guard reloads it (``server.tlsReloadInterval``). Until both happened the
-    API server, holding the new CA, cannot verify the old certificate: those calls fail open, counted here."""
+    """Rotation of the Helm-generated pair: delete its Secret, ``helm upgrade``. The chart generates a new CA and
+    serving certificate, and the webhook's caBundle holds the new CA beside the previous one. The pods are not
+    restarted: kubelet refreshes the mounted Secret and the guard reloads it (``server.tlsReloadInterval``); until
+    then they serve the old pair, which the API server still trusts. No call fails open."""
     ns, vm, _ = marked
     cp = node.cp
     pods = {p["metadata"]["name"] for p in release.wait_ready()}
     restarts = release.restarts()
     secret = f"{FULLNAME}-tls"
-    if cp.kubectl("-n", NAMESPACE, "get", "secret", secret, check=False).returncode != 0:
-        (secret,) = [s["metadata"]["name"] for s in json.loads(cp.kubectl("-n", NAMESPACE, "get", "secrets", "-o",
-                     "json").stdout)["items"] if s["type"] == "kubernetes.io/tls"]
-    old = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", secret, "-o", "json").stdout)["data"]["ca.crt"]
+    expiry = "kubevirt_eviction_guard_tls_certificate_expiry_timestamp_seconds"
+
+    def served(name: str) -> x509.Certificate:
+        data = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", secret, "-o", "json").stdout)["data"]
+        return x509.load_pem_x509_certificate(base64.b64decode(data[name]))
+
+    old_ca, old_cert = served("ca.crt"), served("tls.crt")
+    assert set(release.metric_by_pod(expiry).values()) == {old_cert.not_valid_after_utc.timestamp()}
     with Stream(node_cluster, ns, vm.pod_name) as stream:
         time.sleep(2)
         cp.kubectl("-n", NAMESPACE, "delete", "secret", secret)
         helm(cp, "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--wait", timeout=300)
-        rotated = time.monotonic()
+        upgraded = time.monotonic()
+        new_ca, new_cert = served("ca.crt"), served("tls.crt")
+        assert new_ca != old_ca and new_cert.not_valid_after_utc != old_cert.not_valid_after_utc
+        hook = json.loads(cp.kubectl("get", "mutatingwebhookconfiguration", FULLNAME, "-o", "json").stdout)
+        bundle = x509.load_pem_x509_certificates(base64.b64decode(hook["webhooks"][0]["clientConfig"]["caBundle"]))
+        assert bundle == [new_ca, old_ca], bundle
+        during = len(stream.results)
+        # every replica serves the new certificate: its expiry is what the guard exports
+        eventually(lambda: set(release.metric_by_pod(expiry).values()) == {new_cert.not_valid_after_utc.timestamp()},
+                   180, "both replicas serving the new certificate", every=0.5)
+        reloaded = round(time.monotonic() - upgraded, 1)
         n = len(stream.results)
-        eventually(lambda: len(stream.results) > n + 50 and all(c == 429 for c, _ in stream.results[-50:]), 180,
-                   "50 answers in a row by the guard with the new certificate", every=0.5)
-        settled = round(time.monotonic() - rotated, 1)
-    new = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", secret, "-o", "json").stdout)["data"]["ca.crt"]
-    assert new != old
+        eventually(lambda: len(stream.results) > n + 50, 60, "50 more evictions on the new certificate", every=0.2)
     tally = stream.tally()
-    assert {k: v for k, v in tally.items() if k.startswith("error")} == {}, tally
+    assert tally.get("answered", 0) == tally["total"] and tally["total"] > during, tally  # none failed open, no error
     assert {p["metadata"]["name"] for p in release.ready()} == pods and release.restarts() == restarts
-    detail["detail"] = (f"Secret {secret} deleted, helm upgrade: new CA and caBundle, same pods, 0 restarts; under "
-                        f"{tally['total']} evictions: {tally.get('answered', 0)} answered, "
-                        f"{tally.get('failed_open', 0)} failed open (the API server with the new CA, the pods still "
-                        f"serving the old pair until kubelet refreshed the Secret and the guard reloaded it), 0 "
-                        f"errors; all answered again {settled} s after the upgrade returned")
+    detail["detail"] = (f"Secret {secret} deleted, helm upgrade: new CA, caBundle = new CA + previous CA, same pods, "
+                        f"0 restarts; both replicas served the new certificate {reloaded} s after the upgrade returned "
+                        f"(kubelet's Secret refresh, then the guard's reload); under {tally['total']} evictions: "
+                        f"{tally.get('answered', 0)} answered by a guard, 0 failed open, 0 errors")
 
 
 @pytest.mark.check("drain of the guard's node")
@@ -492,3 +517,84 @@ def test_uninstall_leaves_nothing(node, release, detail):
     assert left == {} and left_secrets == [], (left, left_secrets)
     detail["detail"] = ("helm uninstall: no webhook configuration, RBAC, Secret, ConfigMap, ServiceAccount, Service, "
                         "Deployment, PDB, NetworkPolicy or pod of the release left")
+
+
+@pytest.mark.check("helm 3 and helm 4")
+def test_helm3_uninstall_hook_on_the_real_node(node, release, image, e2e_dir, detail):
+    """Helm 3 renders the chart's ``pre-delete`` hook; here, with a kubelet, its Job (the guard's image,
+    ``kubevirt-eviction-guard unregister``) runs: the webhook configuration is deleted first, by the hook's own
+    ServiceAccount, before Helm deletes the Service, the Deployment and the RBAC, and the hook's objects go too.
+    Then a Job that cannot run (an image no one can pull): the uninstall fails at the Job's deadline instead of
+    hanging, and ``helm uninstall --no-hooks`` removes the release and leaves nothing. Runs after the session's
+    release is uninstalled: these releases' webhooks see no other test's evictions."""
+    cp = node.cp
+    values = e2e_dir / "node-values.yaml"  # the image reference, as the session's release
+    h3 = install_upgrade_rotate(cp, "helm3", "guard-h3", "kveg-helm3", "--values", str(values))
+    assert set(h3["hooks"]) == HOOK_KINDS, h3["hooks"]
+    h3 = uninstall(cp, h3)
+    assert h3["webhook_first"] and h3["order"][0] == WEBHOOK, h3["order"]
+    assert h3["webhook_by"] == hook_user("guard-h3", "kveg-helm3"), h3["webhook_by"]
+    name = h3["name"] + "-unregister"
+    assert set(h3["hook_deleted"]) == {f"{r}/{name}" for r in ("jobs", "serviceaccounts", "clusterroles",
+                                                                "clusterrolebindings")}, h3["hook_deleted"]
+    eventually(lambda: not cp.kubectl("-n", "kveg-helm3", "get", "pods", "-o", "name").stdout.split(), 120,
+               "the release's and the hook's pods gone", every=1)
+
+    stuck, ns = "guard-stuck", "kveg-helm3-stuck"
+    helm(cp, "install", stuck, str(CHART), "-n", ns, "--create-namespace", "--set", "image.repository=localhost/absent",
+         "--set-string", "image.tag=none", "--set", "uninstallHook.activeDeadlineSeconds=10", binary="helm3")
+    manifests = [d for d in yaml.safe_load_all(helm(cp, "get", "manifest", stuck, "-n", ns, binary="helm3")) if d]
+    # Helm's message: "job <name> failed: DeadlineExceeded" (helm.sh/helm/v3 pkg/kube/client.go)
+    with pytest.raises(RuntimeError, match=r"unregister failed: DeadlineExceeded") as failed:
+        helm(cp, "uninstall", stuck, "-n", ns, "--wait", timeout=300, binary="helm3")
+    reason = next(line for line in str(failed.value).splitlines() if "DeadlineExceeded" in line)
+    assert cp.kubectl("get", "mutatingwebhookconfiguration", f"{stuck}-kubevirt-eviction-guard",
+                      check=False).returncode == 0  # nothing was deleted: the release is still whole
+    helm(cp, "uninstall", stuck, "-n", ns, "--wait", "--no-hooks", timeout=300, binary="helm3")
+    left = leftovers(cp, stuck, ns, manifests)
+    assert left == [], left
+    detail["detail"] = (f"on the real node: {describe(h3)}; the hook's Job, ServiceAccount, ClusterRole and "
+                        f"ClusterRoleBinding deleted after it; a hook Job that cannot run (image not pullable, "
+                        f"activeDeadlineSeconds 10): uninstall failed ({reason.strip()[:120]!r}), "
+                        "then --no-hooks removed the release and left nothing")
+
+
+def test_a_killed_sessions_node_is_reaped(node):
+    """A node whose test process is gone (its record names a dead owner) is torn down by the next start: its
+    processes (found by cgroup), cgroups, network namespace, veth and folder. A running session's is left alone."""
+    ident = "reap" + os.urandom(2).hex()
+    netns, host_if, cgroup = f"kveg-{ident}", f"kvh{ident}", f"kveg-e2e-{ident}"
+    workdir = node.dir.parent / f"stale-{ident}"
+    workdir.mkdir()
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    subprocess.run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", "kvn0", "netns", netns], check=True)
+    procs = " ".join(str(h / cgroup / "cgroup.procs") for h in _cgroup_hierarchies())
+    for h in _cgroup_hierarchies():
+        (h / cgroup).mkdir()
+        if (h / "cpuset.cpus").exists():
+            for f in ("cpuset.cpus", "cpuset.mems"):
+                (h / cgroup / f).write_text((h / f).read_text())
+    sleeper = subprocess.Popen(["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec sleep 600'],
+                               start_new_session=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    record = NODES_DIR / f"{ident}.json"
+    record.write_text(json.dumps({"id": ident, "netns": netns, "host_if": host_if, "cgroup": cgroup,
+                                  "workdir": str(workdir), "owner": gone.pid, "owner_start": "1", "holder": None}))
+    eventually(lambda: sleeper.pid in {int(p) for p in (_cgroup_hierarchies()[0] / cgroup / "cgroup.procs")
+                                       .read_text().split()}, 10, "the stale node's process in its cgroup", every=0.1)
+    try:
+        reaped = reap_stale_nodes()
+        assert [r["id"] for r in reaped] == [ident]  # this session's own node (its owner alive) is not reaped
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert not record.exists() and not workdir.exists()
+        assert netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert subprocess.run(["ip", "link", "show", host_if], capture_output=True).returncode != 0
+        assert not [h for h in _cgroup_hierarchies() if (h / cgroup).exists()]
+        assert node.record.exists() and process_start(os.getpid()) is not None
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        record.unlink(missing_ok=True)

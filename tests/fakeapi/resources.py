@@ -51,7 +51,13 @@ KUBEVIRTS = Resource("kubevirt.io", "v1", "kubevirts", "KubeVirt", True)
 KUBEDESCHEDULERS = Resource("operator.openshift.io", "v1", "kubedeschedulers", "KubeDescheduler", True)
 # Helm's `lookup` of the chart's generated certificate Secret (tests/test_chart.py)
 SECRETS = Resource("", "v1", "secrets", "Secret", True)
-ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEVIRTS, KUBEDESCHEDULERS, SECRETS)
+# the chart's lookup of its live webhook configuration (certificate rotation) and `kubevirt-eviction-guard unregister`
+MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                             "MutatingWebhookConfiguration", False)
+VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                               "ValidatingWebhookConfiguration", False)
+ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEVIRTS, KUBEDESCHEDULERS, SECRETS, MUTATING_WEBHOOKS,
+       VALIDATING_WEBHOOKS)
 
 # names the control surface accepts for each resource (besides Resource objects)
 _ALIASES: dict[str, Resource] = {}
@@ -66,6 +72,8 @@ for _r, _names in (
     (KUBEVIRTS, ("kubevirt", "KubeVirt")),
     (KUBEDESCHEDULERS, ("kubedescheduler", "KubeDescheduler")),
     (SECRETS, ("secret", "Secret")),
+    (MUTATING_WEBHOOKS, ("MutatingWebhookConfiguration",)),
+    (VALIDATING_WEBHOOKS, ("ValidatingWebhookConfiguration",)),
 ):
     for _n in _names:
         _ALIASES[_n] = _r

@@ -104,3 +104,18 @@ bytes): at most ~384 KiB a connection (bodies held just under maxBodyBytes with 
 {{- max 8 (div (mul $mib 4) 3) }}
 {{- end }}
 {{- end }}
+
+{{/* The uninstall hook's objects (uninstall-hook.yaml). Their labels leave out the guard's selector labels: the
+Service, the PodDisruptionBudget and the NetworkPolicy never select the hook's pod. */}}
+{{- define "guard.unregisterName" -}}
+{{- printf "%s-unregister" (include "guard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "guard.unregisterLabels" -}}
+helm.sh/chart: {{ include "guard.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-unregister" (include "guard.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: uninstall-hook
+{{- end }}
