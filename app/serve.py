@@ -152,6 +152,8 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
             effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
         ready = cluster.health
         if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", True):
+            # a stale eviction-source would make a later evacuation the descheduler did not cause cancellable
+            effects.clean_stale_sources(cluster.store)
             effects.cancel_stuck_evacuations(cluster.store, settings, ready=lambda: ready().ready,
                                              interval=cancel_interval(args))
         else:

@@ -304,7 +304,10 @@ def test_rbac_grants_exactly_the_listed_verbs():
     assert [d for d in render(merge(DESCHEDULER_ROLE, {"deschedulerCheck": {"enabled": False}}))
             if d["kind"] == "Role"] == []
     no_history = render({"historyAnnotation": {"enabled": False}})
-    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - HISTORY_WRITE) | CANCEL
+    # the canceller keeps the VMI patch: it removes KubeVirt's stale eviction-source annotation
+    assert grants(one(no_history, "ClusterRole")) == LEAST_PRIVILEGE | CANCEL
+    neither = render({"historyAnnotation": {"enabled": False}, "cancelStuckEvacuations": {"enabled": False}})
+    assert grants(one(neither, "ClusterRole")) == LEAST_PRIVILEGE - HISTORY_WRITE
     assert "--no-history-annotation" in container(no_history)["args"]
     assert "--no-history-annotation" not in container(docs)["args"]
     not_cancelling = render({"cancelStuckEvacuations": {"enabled": False}})
@@ -1017,6 +1020,22 @@ def test_the_admission_policy_lets_the_guard_change_only_the_history_annotation_
     eip = json.loads(json.dumps(vmi))
     eip["metadata"]["annotations"][EIP_KEY] = "x"
     assert vap_verdict(vmi, eip, "virtualmachineinstances") == [f"kubevirt-eviction-guard may change no annotation but {HISTORY_KEY}"]
+    # KubeVirt's eviction-source: removed from an unmarked VMI (stale), never from a marked one, never added
+    src = json.loads(json.dumps(vmi))
+    src["metadata"]["annotations"]["kubevirt.io/eviction-source"] = "descheduler"
+    assert vap_verdict(src, vmi, "virtualmachineinstances") == []
+    marked = json.loads(json.dumps(src))
+    marked["status"]["evacuationNodeName"] = "node-a"
+    unmarked = json.loads(json.dumps(vmi))
+    unmarked["status"]["evacuationNodeName"] = "node-a"
+    assert vap_verdict(marked, unmarked, "virtualmachineinstances") == [
+        f"kubevirt-eviction-guard may change no annotation but {HISTORY_KEY}"]
+    assert vap_verdict(vmi, src, "virtualmachineinstances") == [
+        f"kubevirt-eviction-guard may change no annotation but {HISTORY_KEY}"]
+    other = json.loads(json.dumps(src))
+    other["metadata"]["annotations"]["kubevirt.io/eviction-source"] = "someone"
+    assert vap_verdict(other, vmi, "virtualmachineinstances") == [
+        f"kubevirt-eviction-guard may change no annotation but {HISTORY_KEY}"]
     cores = json.loads(json.dumps(history))
     cores["spec"]["domain"]["cpu"]["cores"] = 64
     assert vap_verdict(vmi, cores, "virtualmachineinstances") == ["kubevirt-eviction-guard may not change spec or status"]

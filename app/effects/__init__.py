@@ -1,5 +1,6 @@
 """What a decision causes besides the answer: a log line, an Event, the annotation;
-and, apart from decisions, the VMIs' migration history (``history.py``).
+and, apart from decisions, the VMIs' migration history (``history.py``) and the removal of KubeVirt's
+stale ``eviction-source`` annotation (``source.py``).
 
 Denials get an ``EvictionBlocked`` Event; allowed descheduler evictions of a VM's
 pod (reason ``allowed``) an ``EvictionAllowed`` one, once the watch shows the
@@ -30,6 +31,7 @@ from app.effects.held import HeldNodeWatch
 from app.effects.history import HistoryRecorder, HistoryView
 from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
 from app.effects.queue import EffectQueue
+from app.effects.source import StaleSourceCleaner
 from app.metrics import Metrics
 from app.policy.model import DESCHEDULER_REQUESTER, Decision, PolicySettings, Reason
 
@@ -64,6 +66,7 @@ class Effects:
         self.history: HistoryRecorder | None = None
         self.canceller: StuckCanceller | None = None
         self.held: HeldNodeWatch | None = None
+        self.sources: StaleSourceCleaner | None = None
         self.metrics = metrics
 
     def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
@@ -74,6 +77,13 @@ class Effects:
                                        passes=self.metrics.background_passes.labels("history_reconcile"), **kw)
         store.add_listener(self.history.on_change)  # type: ignore[attr-defined]
         return self.history
+
+    def clean_stale_sources(self, store: HistoryView) -> StaleSourceCleaner:
+        """Remove ``kubevirt.io/eviction-source`` from VMIs it no longer speaks for (live mode; ``source.py``):
+        ``store`` must offer ``add_listener``."""
+        self.sources = StaleSourceCleaner(store, self.api, self.queue)
+        store.add_listener(self.sources.on_change)  # type: ignore[attr-defined]
+        return self.sources
 
     def cancel_stuck_evacuations(self, store, settings: PolicySettings, ready: Callable[[], bool],
                                  interval: float | None = None, probed: bool = True) -> StuckCanceller:

@@ -63,7 +63,7 @@ APPLIED, NOT_NEEDED = "applied", "not_needed"
 STORE_WAITS = 2  # retries spent waiting for the store after a conflict before patching again
 
 
-def _pointer(key: str) -> str:
+def json_pointer_token(key: str) -> str:
     """RFC 6901 escaping of one JSON-pointer token (``/`` in annotation keys)."""
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -73,7 +73,7 @@ def annotation_patch(pod: LauncherPod) -> list[dict[str, Any]]:
     (or the whole annotations map when the pod has none: ``add`` needs the parent)."""
     test = {"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}
     if pod.has_annotations:
-        add = {"op": "add", "path": f"/metadata/annotations/{_pointer(EVICTION_IN_PROGRESS)}", "value": "true"}
+        add = {"op": "add", "path": f"/metadata/annotations/{json_pointer_token(EVICTION_IN_PROGRESS)}", "value": "true"}
     else:
         add = {"op": "add", "path": "/metadata/annotations", "value": {EVICTION_IN_PROGRESS: "true"}}
     return [test, add]

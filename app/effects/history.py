@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from app.domain.history import HISTORY_ANNOTATION, MAX_ENTRIES, HistoryEntry, encode_history
 from app.domain.kinds import VMI, VMIM
 from app.domain.records import MigrationRecord, VMIRecord, vmi_from_object
-from app.effects.annotate import _pointer
+from app.effects.annotate import json_pointer_token
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
 from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue, Retry
@@ -112,7 +112,7 @@ def merge(existing: Sequence[HistoryEntry], known: Iterable[HistoryEntry], now: 
 def history_patch(resource_version: str, has_annotations: bool, value: str) -> list[dict[str, Any]]:
     test = {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
     if has_annotations:
-        add = {"op": "add", "path": f"/metadata/annotations/{_pointer(HISTORY_ANNOTATION)}", "value": value}
+        add = {"op": "add", "path": f"/metadata/annotations/{json_pointer_token(HISTORY_ANNOTATION)}", "value": value}
     else:
         add = {"op": "add", "path": "/metadata/annotations", "value": {HISTORY_ANNOTATION: value}}
     return [test, add]

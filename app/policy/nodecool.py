@@ -3,9 +3,10 @@
 The state is the node's finished, Succeeded VMIMs (the view's ``moves_from`` /
 ``moves_to``), so every replica and every restart reads the same numbers. Only
 descheduler-caused moves count: the VMIM's ``spec.priority`` is
-``system-maintenance`` (KubeVirt >= 1.7); a VMIM without a priority (older
-KubeVirt) counts when its VMI carries ``kubevirt.io/eviction-source:
-descheduler``. A priority that names another cause (a drain's
+``system-maintenance`` (KubeVirt >= 1.7 with its ``MigrationPriorityQueue`` gate); a VMIM
+without a priority counts when its VMI carries ``kubevirt.io/eviction-source:
+descheduler`` and that annotation is not stale (``policy.source``: KubeVirt never
+clears it after a cancel). A priority that names another cause (a drain's
 ``system-critical``, a user's ``user-triggered``) is trusted over the annotation.
 
 The length scales like a VM's cooldown: base = max(floor, duration of the
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from app.domain.records import DESCHEDULER_PRIORITY, DESCHEDULER_SOURCE, MigrationRecord
 from app.domain.view import ClusterView
 from app.policy.cooldown import scaled_cooldown
+from app.policy.source import stale_eviction_source
 
 LEFT, ARRIVED = "left", "arrived"
 
@@ -43,7 +45,8 @@ def descheduler_caused(m: MigrationRecord, view: ClusterView) -> bool:
     if m.priority:
         return m.priority == DESCHEDULER_PRIORITY
     vmi = view.vmi(m.namespace, m.vmi_name)
-    return vmi is not None and vmi.eviction_source == DESCHEDULER_SOURCE
+    return (vmi is not None and vmi.eviction_source == DESCHEDULER_SOURCE
+            and not stale_eviction_source(vmi, view.migrations(vmi.namespace, vmi.name)))
 
 
 def node_cooldown(node: str, direction: str, moves: Sequence[MigrationRecord], view: ClusterView, now: float,

@@ -332,15 +332,26 @@ class RealKubeVirtCluster:
                                                     vmi_body(namespace, name, annotations=annotations,
                                                              eviction_strategy=eviction_strategy))
 
-        def running():
-            vmi = self.vmi(namespace, name)
-            st = vmi.get("status", {})
-            migratable = any(c["type"] == "LiveMigratable" and c["status"] == "True" for c in st.get("conditions", []))
-            pod = self.source_pod(namespace, name)
-            return (st.get("phase") == "Running" and migratable and pod is not None
-                    and "descheduler.alpha.kubernetes.io/request-evict-only" in (pod.metadata.annotations or {})
-                    and vmi)
-        return wait_for(running, timeout, f"VMI {namespace}/{name} to run on {node}")
+        return wait_for(lambda: self._running(namespace, name), timeout, f"VMI {namespace}/{name} to run on {node}")
+
+    def vms(self, namespace: str, specs: list[tuple[str, str, dict]], timeout: float = 90) -> None:
+        """Several VMs at once, ``(name, node, vm() keywords)`` each: every VMI created first, then waited for
+        together (KubeVirt starts them side by side)."""
+        for name, node, kw in specs:
+            self.nodes.placement[(namespace, name)] = node
+            self.custom.create_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachineinstances",
+                                                        vmi_body(namespace, name, **kw))
+        for name, node, _ in specs:
+            wait_for(lambda name=name: self._running(namespace, name), timeout, f"VMI {namespace}/{name} to run on {node}")
+
+    def _running(self, namespace: str, name: str) -> dict | None:
+        vmi = self.vmi(namespace, name)
+        st = vmi.get("status", {})
+        migratable = any(c["type"] == "LiveMigratable" and c["status"] == "True" for c in st.get("conditions", []))
+        pod = self.source_pod(namespace, name)
+        ready = (st.get("phase") == "Running" and migratable and pod is not None
+                 and "descheduler.alpha.kubernetes.io/request-evict-only" in (pod.metadata.annotations or {}))
+        return vmi if ready else None
 
     def vmi(self, namespace: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachineinstances", name)

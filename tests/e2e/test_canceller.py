@@ -1,4 +1,11 @@
-"""The canceller against KubeVirt's aggregated API, through the real aggregation layer.
+"""The canceller against KubeVirt's aggregated API, through the real aggregation layer, on a played KubeVirt.
+
+Why played: the state that matters here, a stuck descheduler evacuation on a node with KubeVirt's drain taint beside
+a stuck one elsewhere, takes real KubeVirt three failed attempts each (minutes of virt-controller's backoff and
+virt-handler's heartbeat) to reach; here the VMIs and their failed VMIMs are written by the test, and the virt-api
+stand-in serves ``evacuate/cancel``. Against KubeVirt's own virt-api: the guard's cancel of a stuck evacuation
+(tests/e2e/test_real_kubevirt.py), virt-api's 400 on a drain-tainted node and its 401 for an identity without the
+chart's second rule (tests/e2e/test_real_side_effects.py).
 
 The session's virt-api stand-in (tests/e2e/virtapi.py, fixture ``virt_api``) serves ``subresources.kubevirt.io/v1``
 as an APIService, Available before the guard started. So the guard's probe finds ``virtualmachineinstances/evacuate/
@@ -114,7 +121,8 @@ def test_stuck_descheduler_evacuation_cancelled_through_virt_api(cluster, guard,
     assert audited(cp, user, "update", "virtualmachineinstances", ns, "kept", "evacuate") == []
     assert not [r for r in virt_api.requests_of("PUT") if r.path.endswith(f"/{ns}/virtualmachineinstances/kept/evacuate/cancel")]
     assert cluster.objects.get_vmi(ns, "kept")["status"]["evacuationNodeName"] == drained
-    refusal = f'Node "{drained}" has NodeDrainTaintKey "{DRAIN_TAINT_KEY}:NoSchedule"'
+    refusal = (f'Node "{drained}" has NodeDrainTaintKey '
+               f'"&Taint{{Key:{DRAIN_TAINT_KEY},Value:,Effect:NoSchedule,TimeAdded:<nil>,}}"')
     # ... and the same refusal for the guard's identity asking by hand
     token = cp.service_account_token(installation.namespace, installation.service_account, seconds=600)
     r = put_cancel(cp, token, ns, "kept", drained)

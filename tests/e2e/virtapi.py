@@ -1,5 +1,13 @@
 """A stand-in for KubeVirt's virt-api, registered as a real aggregated API: ``v1.subresources.kubevirt.io``.
 
+Used only on the played control plane (the session's ``control_plane``, whose VMIs and VMIMs the tests write), where
+no real KubeVirt runs because its states are written by hand, and only for what real KubeVirt reaches too slowly to
+be asked on demand: stuck evacuations (three failed attempts each: minutes of virt-controller's backoff), which the
+canceller check (a stuck evacuation on a drain-tainted node beside another), the RBAC check (every call the guard
+makes, its cancel included, in one session's audit log) and the client-certificate check (the canceller's probe with
+the chart's rule off) need. Everything else about ``evacuate/cancel`` runs against KubeVirt's own virt-api
+(tests/e2e/test_real_kubevirt.py, test_real_side_effects.py).
+
 What it serves is what virt-api serves for the guard (KubeVirt ``pkg/virt-api/api.go``, ``rest/authorizer.go``,
 ``rest/evacuate_cancel.go``; v1.8 and later), nothing else:
 
@@ -321,7 +329,9 @@ class VirtApi:
             return 500, status(500, "InternalError", f"Internal error occurred: node {node_name}: {node.status_code}")
         for t in (node.json().get("spec") or {}).get("taints") or []:
             if t.get("key") == key and t.get("effect") == "NoSchedule":
-                return 400, status(400, "BadRequest", f'Node "{node_name}" has NodeDrainTaintKey "{key}:NoSchedule"')
+                # virt-api formats the *Taint with its generated String() (evacuate_cancel.go validateEvacuationNode)
+                return 400, status(400, "BadRequest", f'Node "{node_name}" has NodeDrainTaintKey '
+                                                      f'"&Taint{{Key:{key},Value:,Effect:NoSchedule,TimeAdded:<nil>,}}"')
         if not vstatus.get("evacuationNodeName"):
             return 200, None
         try:

@@ -258,4 +258,5 @@ def test_a_refusal_carries_virt_apis_reason(api, kube):
     effects_api = KubeEffectsApi(kube, timeout=(1.0, 2.0))
     with pytest.raises(PermanentApiError) as refused:
         effects_api.cancel_evacuation(NS, "tainted", "node-k")
-    assert str(refused.value) == '400 Bad Request: Node "node-k" has NodeDrainTaintKey "kubevirt.io/drain:NoSchedule"'
+    assert str(refused.value) == ('400 Bad Request: Node "node-k" has NodeDrainTaintKey '
+                                  '"&Taint{Key:kubevirt.io/drain,Value:,Effect:NoSchedule,TimeAdded:<nil>,}"')

@@ -1113,7 +1113,8 @@ class _Handler(BaseHTTPRequestHandler):
             taints = ((orjson.loads(node.raw).get("spec") or {}).get("taints") or []) if node is not None else []
             if any(t.get("key") == KUBEVIRT_DRAIN_TAINT and t.get("effect") == "NoSchedule" for t in taints):
                 return self._cancelled(namespace, name, body, 400, res.status(
-                    400, f'Node "{left}" has NodeDrainTaintKey "{KUBEVIRT_DRAIN_TAINT}:NoSchedule"', "BadRequest"))
+                    400, f'Node "{left}" has NodeDrainTaintKey '  # virt-api prints the *Taint's String()
+                    f'"&Taint{{Key:{KUBEVIRT_DRAIN_TAINT},Value:,Effect:NoSchedule,TimeAdded:<nil>,}}"', "BadRequest"))
             if not status.get("evacuationNodeName"):
                 return self._cancelled(namespace, name, body, 200, b"")
             try:
