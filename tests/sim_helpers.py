@@ -31,6 +31,7 @@ class Clock:
             at, _, fn, args = heapq.heappop(self.queue)
             self.now = at
             fn(at, *args)
+        self.now = max(self.now, end)
 
 
 def cluster(nodes: int, vms_per_node: int, settings=S, memory=4.0, dirty_mib=0.0, node_memory=64.0):
@@ -41,7 +42,8 @@ def cluster(nodes: int, vms_per_node: int, settings=S, memory=4.0, dirty_mib=0.0
     placement = [i // vms_per_node for i in range(len(vms))]
     clock = Clock()
     store = ClusterStore()
-    kv = KubeVirt(settings, ns, vms, placement, store, Random("test"), clock.schedule)
+    kv = KubeVirt(settings, ns, vms, placement, store, Random("test"), clock.schedule, Random("heartbeat"),
+                  Random("order"))
     return kv, clock, store
 
 

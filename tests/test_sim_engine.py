@@ -205,12 +205,19 @@ def test_stall_counts_cycles_held_by_in_flight_entries_of_failing_vms_only():
 
 def test_candidate_longrest_holds_the_node_an_hour_after_its_departure():
     # as above, but the departure at 300-318 s puts "small" in node cooldown (rule 8b) for 60 min: at 3900 s
-    # (3582 s later) the descheduler is refused with node_cooldown and nothing moves
-    d, s = run("upstream+guard-longrest")
+    # (3582 s later) the descheduler is refused with node_cooldown and nothing moves. The node cooldown knows a
+    # descheduler move by its VMIM's system-maintenance priority: KubeVirt with the MigrationPriorityQueue gate on
+    gated = {**HOT_NODE, "kubevirt": {**HOT_NODE["kubevirt"], "migrationPriorityQueue": True}}
+    d, s = run("upstream+guard-longrest", gated)
     assert [(r.start, r.end) for r in d.runs] == [(300, 318)]
     assert s["descheduler_outcomes"]["node_cooldown"] >= 1
-    d, s = run("upstream+guard-nodecool")  # 15 min: over by 3900 s
+    d, s = run("upstream+guard-nodecool", gated)  # 15 min: over by 3900 s
     assert [(r.start, r.end) for r in d.runs] == [(300, 318), (3900, 3918)]
+    # v1.8's default (gate off): the VMIM has no priority and the VMI's eviction-source annotation is gone after
+    # the move, so the guard cannot tell the departure was the descheduler's and the node never rests
+    d, s = run("upstream+guard-longrest")
+    assert [(r.start, r.end) for r in d.runs] == [(300, 318), (3900, 3918)]
+    assert s["descheduler_outcomes"].get("node_cooldown", 0) == 0
 
 
 def test_without_matplotlib_the_exact_install_command_is_named(tmp_path, capsys, monkeypatch):

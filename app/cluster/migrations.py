@@ -1,8 +1,9 @@
 """Why a VM moved, and the counter of finished migrations.
 
-KubeVirt (>= 1.7) gives every VMIM a ``spec.priority`` that says who asked for it,
-and keeps it on finished VMIMs (the 5 most recent per VMI), so the cause of each
-recent migration can be read back from the API at any time:
+KubeVirt with its MigrationPriorityQueue feature gate (GA in 1.9; in 1.7 and 1.8 off
+unless enabled) gives every VMIM a ``spec.priority`` that says who asked for it, and
+keeps it on finished VMIMs (the 5 most recent per VMI), so the cause of each recent
+migration can be read back from the API at any time:
 
 - ``system-maintenance``: an evacuation whose VMI carried
   ``kubevirt.io/eviction-source: descheduler``, i.e. the descheduler;
@@ -12,7 +13,8 @@ recent migration can be read back from the API at any time:
 
 The annotations refine it: ``kubevirt.io/workloadUpdateMigration`` marks the
 workload updater's migrations (KubeVirt upgrades); ``kubevirt.io/evacuationMigration``
-names the node an evacuation empties, which is all there is on KubeVirt < 1.7.
+names the node an evacuation empties, which is all there is without the gate (KubeVirt 1.8's
+default): a descheduler's evacuation then counts as ``evacuation``.
 
 ``migrations_total{cause,outcome}`` counts VMIMs *as this process sees them
 finish*: a VMIM the store held unfinished that arrives Succeeded or Failed (by a
@@ -40,7 +42,7 @@ def cause_of(m: MigrationRecord) -> str:
         return WORKLOAD_UPDATE
     if m.priority in BY_PRIORITY:
         return BY_PRIORITY[m.priority]
-    if m.evacuation_node:  # KubeVirt < 1.7: an evacuation; descheduler or drain cannot be told apart
+    if m.evacuation_node:  # no priority (gate off): an evacuation; descheduler or drain cannot be told apart
         return DRAIN
     return UNKNOWN
 

@@ -35,7 +35,7 @@ WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
 # KubeVirt writes it on the VMI when the descheduler's eviction marked it (removed once the migration completes)
 EVICTION_SOURCE = "kubevirt.io/eviction-source"
 DESCHEDULER_SOURCE = "descheduler"
-DESCHEDULER_PRIORITY = "system-maintenance"  # VMIM spec.priority of descheduler-caused evacuations (KubeVirt >= 1.7)
+DESCHEDULER_PRIORITY = "system-maintenance"  # VMIM spec.priority of descheduler-caused evacuations (MigrationPriorityQueue)
 DRAIN_PRIORITY = "system-critical"  # VMIM spec.priority of any other evacuation: a drain
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # VMI condition: the VM can live-migrate now (KubeVirt's IsMigratable reads status True only)
@@ -262,7 +262,7 @@ class MigrationRecord:
     end: float | None  # migrationState.endTimestamp, else the final phase's transition time
     source_node: str
     evacuation_node: str  # annotation kubevirt.io/evacuationMigration
-    priority: str = ""  # spec.priority (KubeVirt >= 1.7): system-critical | system-maintenance | user-triggered
+    priority: str = ""  # spec.priority (1.9, or the gate on): system-critical | system-maintenance | user-triggered
     workload_update: str = ""  # annotation kubevirt.io/workloadUpdateMigration ("" when absent)
     target_node: str = ""  # migrationState.targetNode
     decentralized: str = ""  # SEND_TO or RECEIVE: one side of a migration across namespaces or clusters

@@ -251,9 +251,9 @@ class Descheduler:
 
     # ---- the soft-tainter ----------------------------------------------------
 
-    def soft_taint(self) -> bool:
+    def soft_taint(self, now: int = 0) -> bool:
         """PreferNoSchedule: 2 on overutilised nodes, 1 on appropriately utilised ones,
-        none on underutilised ones. True if any node's taints changed."""
+        none on underutilised ones (each change a Node update at ``now``). True if any node's taints changed."""
         c = self.classify_now()
         under, over = set(c.under), set(c.over)
         changed = False
@@ -261,6 +261,6 @@ class Descheduler:
             want = 0 if n.name in under else 2 if n.name in over else 1
             if n.soft_taints != want:
                 n.soft_taints = want
-                self.kv.publish_node(n)
+                self.kv.node_updated(n, now)
                 changed = True
         return changed

@@ -146,7 +146,8 @@ class Simulation:
         placement = scenario.placement or initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
         chance = f"{seed}" if draw == 0 else f"{seed}:draw{draw}"
         self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{chance}:kubevirt"),
-                           self._kubevirt_schedule)
+                           self._kubevirt_schedule, Random(f"{chance}:heartbeat"),
+                           Random(f"{chance}:evacuation-order"))
         if scenario.history_hook is not None:
             scenario.history_hook(self.kv)
         guard = None
@@ -294,7 +295,7 @@ class Simulation:
         self.schedule(now + self.ds.sweep_interval, PRIO_DESCHEDULER, self.descheduler_sweep)
 
     def soft_tainter(self, now: int) -> None:
-        if self.desched.soft_taint():
+        if self.desched.soft_taint(now):
             self.kv.try_start(now)
         self.schedule(now + self.ds.soft_tainter_interval, PRIO_DESCHEDULER, self.soft_tainter)
 

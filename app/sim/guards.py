@@ -170,7 +170,7 @@ class GuardWebhook:
         entries, adds = merge(vmi.history, known, now, vm_settings(vmi, self.settings))
         if known and adds:
             m.vmi.annotations[HISTORY_ANNOTATION] = encode_history(entries)
-            self.kv.publish_vmi(m.vmi)
+            self.kv.vmi_updated(m.vmi, m.end or 0)
 
     def check(self, pod: Pod, now: int, client: str) -> Answer | None:
         from_descheduler = client == DESCHEDULER

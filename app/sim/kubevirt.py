@@ -1,4 +1,4 @@
-"""KubeVirt (v1.7 and later) as the simulation needs it: evacuation, migrations, limits, retries.
+"""KubeVirt (v1.8.3; v1.9 with one setting) as the simulation needs it: evacuation, migrations, limits, retries.
 
 The state lives in plain mutable objects (fast to change); every change is
 also published into a real ``ClusterStore`` as the Kubernetes object the API
@@ -6,7 +6,7 @@ server would hold, projected by the production ``*_from_object`` functions.
 The guard reads that store and nothing else, so it decides on exactly what it
 would see in a cluster (timestamps included, truncated to the second).
 
-Mechanics, each as KubeVirt v1.8.3's code has it (paths under its module; v1.9.0 is the same where it matters):
+Mechanics, each as KubeVirt v1.8.3's code has it (paths under its module):
 - the eviction admitter checks, in order: the VMI is already marked ->
   ``Evacuation in progress: Eviction triggered evacuation of VMI "NS/NAME"``; the pod is not on
   the VMI's node (a migration target) -> ``Eviction request for target Pod``, with nothing more;
@@ -17,22 +17,38 @@ Mechanics, each as KubeVirt v1.8.3's code has it (paths under its module; v1.9.0
 - the launcher pod's ``descheduler.alpha.kubernetes.io/eviction-in-progress`` annotation follows
   the mark on the VMI's current pod (virt-controller, a reconcile later; pkg/virt-controller/watch/
   vmi/lifecycle.go:215-226) and so stays through failed attempts; a success moves the VMI, clears
-  the mark and the eviction-source annotation (virt-handler, pkg/virt-handler/migration-target.go:207-213);
-- one VMIM per marked VMI, named ``kubevirt-evacuation-xxxxx``, priority ``system-maintenance`` when
-  the descheduler marked it, ``system-critical`` otherwise (pkg/virt-controller/watch/drain/evacuation/
-  evacuation.go:337-358, with the MigrationPriorityQueue feature gate: GA in v1.9, Beta and off unless
-  enabled in v1.8; without it VMIMs carry no priority and the evacuation controller creates them only
-  for free slots, evacuation.go:380-417, which this model does not do); at most 5 run per cluster and
-  2 outbound per source node (migration.go:1364, 1378), pending ones taken by priority, then (here)
-  by age: virt-controller's queue re-offers the highest-priority pending ones when a slot frees
-  (migration.go:442-475), its order among equals is not defined;
+  the mark and the eviction-source annotation (virt-handler, pkg/virt-handler/migration-target.go:199-213);
+- the evacuation controller (pkg/virt-controller/watch/drain/evacuation/evacuation.go) works per node and
+  runs only when its queue holds the node: on a Node add/update/delete (113-134), a VMI add/update/delete
+  (the VMI's ``status.nodeName``, 136-171), a VMIM add (its evacuation annotation's node, 195-218) or
+  update/delete (its VMI's current node, 220-254), and after 5 s when the node's limits were full (390).
+  It does not watch pods. A sync takes the marked VMIs on the node (the drain taint ``kubevirt.io/drain``:
+  all of them) that are not migrating (``migrationState`` started, not ended), have no unfinished VMIM, and
+  have at most one active launcher pod (327-335, 458-519);
+- with the MigrationPriorityQueue feature gate off (the v1.8 default: Beta, on only when listed in
+  ``featureGates``, pkg/virt-config/featuregate/active.go:158-165, 270, pkg/virt-config/feature-gates.go:32-46)
+  the VMIMs carry no ``spec.priority`` and the sync creates only as many as there is room for: the
+  parallel limits (5 per cluster, 2 outbound per node) minus the VMIMs in a running phase (Scheduling
+  onwards; Pending ones, in backoff included, do not count), candidates in the VMI index's order (a set:
+  no defined order; here a seeded shuffle) (evacuation.go:379-418); a VMIM that still finds the limits
+  full is re-tried by the migration controller every 5 s (migration.go:1364-1391). With the gate on
+  (``kubevirt: {migrationPriorityQueue: true}``; GA in v1.9) every candidate gets a VMIM at once,
+  priority ``system-maintenance`` when the descheduler marked it, ``system-critical`` otherwise
+  (evacuation.go:351-356), and the migration controller re-offers the highest-priority pending ones
+  when one finishes (migration.go:442-475), then (here) the oldest;
+- the VMIM is named ``kubevirt-evacuation-xxxxx`` (evacuation.go:345);
 - a migration copies the guest memory over the source node's NIC, shared by
   the node's outbound migrations, while the guest dirties pages; it aborts at
   the completion timeout (150 s per GiB) or after 150 s without progress; a
-  target pod that cannot schedule fails the VMIM after 5 minutes (migration.go:86);
-- after a failure the VMI stays marked and a new VMIM is created at once, held back by
-  ``retry_backoff``: 20 s doubling per failed evacuation VMIM still kept since the last success,
-  so at most 320 s (migration.go:1051-1113);
+  target pod that cannot schedule is deleted and the VMIM fails after 5 minutes (migration.go:86, 1532-1549);
+- after a failure the VMI stays marked. The failed attempt's target pod is still active when the failure's
+  own updates wake the evacuation controller (its virt-launcher exits a moment later, and nothing the
+  controller watches changes then: the VMI's ``status.activePods`` counts a completed pod too,
+  vmi/lifecycle.go:988-1006), so the next VMIM is created at the next wake-up: in a quiet node, virt-handler's
+  heartbeat (60 s x (1 + 1.2 x U[0,1)), pkg/virt-handler/vm.go:191, heartbeat/heartbeat.go:96). An
+  unschedulable target pod is deleted first, so its retry is created at once. The migration controller
+  then holds the new VMIM Pending until ``retry_backoff`` has passed since the failure: 20 s doubling per
+  failed evacuation VMIM still kept since the last success, so at most 320 s (migration.go:1051-1113);
 - the 5 most recent finished VMIMs of a VMI are kept (migration.go:91, 2264-2300).
 """
 
@@ -67,6 +83,10 @@ BACKGROUND = "Eviction triggered evacuation"
 PRIORITY_DRAIN, PRIORITY_DESCHEDULER = 1, 0
 PRIORITY_NAMES = {PRIORITY_DRAIN: "system-critical", PRIORITY_DESCHEDULER: "system-maintenance"}
 ANNOTATION_DELAY = 1  # virt-controller reconciles the pod annotation to the mark a second later
+LIMITS_RECHECK = 5  # evacuation.go:390 and migration.go:1372, 1389: a full node or cluster is looked at again in 5 s
+# with the gate on, a VMIM blocked by the limits is re-queued after 1 s (system-critical) or 5 s
+# (system-maintenance): getRequeueDelayForPriority, migration.go:1407-1416
+GATED_RECHECK = {PRIORITY_DRAIN: 1, PRIORITY_DESCHEDULER: 5}
 EPS = 1e-9
 
 
@@ -94,8 +114,9 @@ class Migration:
     vmi: "VMI"
     created: int
     eligible_at: int  # held back until then by the retry backoff
-    priority: int
+    priority: int  # the cause: the priority the gate would give it (PRIORITY_DESCHEDULER or PRIORITY_DRAIN)
     evacuation_node: str
+    queued: bool = True  # spec.priority set and honoured (the MigrationPriorityQueue gate on)
     phase: str = "Pending"
     start: int | None = None  # slot taken, target pod created
     end: int | None = None
@@ -113,6 +134,11 @@ class Migration:
     stalled_since: float | None = None
     fail_at: int | None = None  # a transient failure strikes here, if the copy is still going
     version: int = 0  # invalidates end events planned under an older share
+    recheck_at: int = -1  # when the migration controller looks at it again after the limits refused it
+
+    @property
+    def queue_priority(self) -> int:
+        return self.priority if self.queued else 0
 
     @property
     def cause(self) -> str:
@@ -131,6 +157,7 @@ class VMI:
     vmims: list[Migration] = field(default_factory=list)  # retained VMIMs, oldest first
     failures_since_success: int = 0
     pod_serial: int = 0
+    active_pods: int = 0  # launcher pods not yet completed (the source, a target still up)
     annotations: dict = field(default_factory=dict)  # written by others: the guard's migration history
 
     @property
@@ -229,8 +256,14 @@ class KubeVirt:
         store: ClusterStore,
         rng: random.Random,
         schedule: Callable[[int, Callable, tuple], None],
+        heartbeat_rng: random.Random | None = None,
+        order_rng: random.Random | None = None,
     ) -> None:
+        """``heartbeat_rng`` draws virt-handler's heartbeat jitter, ``order_rng`` the order of the VMI
+        index (both their own streams, so they do not shift failures and target ties)."""
         self.s = settings
+        self.heartbeat_rng = heartbeat_rng or random.Random(f"{rng.random()}:heartbeat")
+        self.order_rng = order_rng or random.Random(f"{rng.random()}:order")
         self.nodes = nodes
         self.node_by_name = {n.name: n for n in nodes}
         self.store = store
@@ -253,7 +286,10 @@ class KubeVirt:
         self.listeners: list[Callable[[Migration], None]] = []  # told of every finished migration
         self.pod_listeners: list[Callable[[Pod, int], None]] = []  # the pod informer: update events
         self.pod_delete_listeners: list[Callable[[Pod], None]] = []
+        self.heartbeat_listeners: list[Callable[[str, int], None]] = []
         self._seq = 0
+        self._evac_queued: set[tuple[str, int]] = set()  # (node, second) syncs already queued
+        self._evac_delayed: dict[str, int] = {}  # node -> when its delayed entry is due
         self.publish_kubevirt()
         for n in nodes:
             self.publish_node(n)
@@ -263,8 +299,28 @@ class KubeVirt:
             self.vmi_by_name[vmi.name] = vmi
             vmi.pod = self._new_pod(vmi, vmi.node)
             self.publish_vmi(vmi)
+        period = settings.heartbeat_interval * (1 + settings.heartbeat_jitter)
+        for n in nodes:  # virt-handler has been running for a while: each node's next beat at a random phase
+            self.schedule(int(self.heartbeat_rng.random() * period), self._heartbeat, (n.name,))
 
     # ---- publication into the store (as the API server's objects) ------------
+
+    def node_updated(self, n: Node, now: int) -> None:
+        """A Node changed: published, and the evacuation controller wakes for it (evacuation.go:113-134)."""
+        self.publish_node(n)
+        self.enqueue(n.name, now)
+
+    def vmi_updated(self, v: VMI, now: int) -> None:
+        """A VMI changed: published, and the evacuation controller wakes for its ``status.nodeName``
+        (evacuation.go:136-171)."""
+        self.publish_vmi(v)
+        self.enqueue(v.node.name, now)
+
+    def vmim_updated(self, m: Migration, now: int) -> None:
+        """A VMIM was added or changed: published, and the evacuation controller wakes for the node of its
+        evacuation annotation (added) or of its VMI (updated), here both the VMI's node (evacuation.go:195-254)."""
+        self.publish_vmim(m)
+        self.enqueue(m.vmi.node.name, now)
 
     def publish_kubevirt(self) -> None:
         """The KubeVirt CR: the migration limits modelled here, and LiveMigrate for every VM (all are migratable)."""
@@ -318,10 +374,13 @@ class KubeVirt:
         status: dict = {"phase": m.phase}
         if m.copy_start is not None:
             status["migrationState"] = _state(m)
+        spec = {"vmiName": m.vmi.name}
+        if m.queued:
+            spec["priority"] = PRIORITY_NAMES[m.priority]
         self.store.upsert(migration_from_object({
             "metadata": {"name": m.name, "namespace": NAMESPACE, "uid": m.uid, "creationTimestamp": ts(m.created),
                          "annotations": {EVACUATION_MIGRATION: m.evacuation_node}},
-            "spec": {"vmiName": m.vmi.name, "priority": PRIORITY_NAMES[m.priority]},
+            "spec": spec,
             "status": status,
         }))
 
@@ -330,6 +389,7 @@ class KubeVirt:
     def _new_pod(self, vmi: VMI, node: Node, migration: Migration | None = None) -> Pod:
         vmi.pod_serial += 1
         pod = Pod(name=f"virt-launcher-{vmi.name}-{vmi.pod_serial:05x}", vmi=vmi, node=node, migration=migration)
+        vmi.active_pods += 1
         self.pods[pod.name] = pod
         self.pods_on[node.name][pod.name] = pod
         node.req_cpu += vmi.vm.vcpus / self.s.cpu_allocation_ratio
@@ -338,6 +398,7 @@ class KubeVirt:
         return pod
 
     def _delete_pod(self, pod: Pod) -> None:
+        pod.vmi.active_pods -= 1
         del self.pods[pod.name]
         del self.pods_on[pod.node.name][pod.name]
         pod.node.req_cpu -= pod.vmi.vm.vcpus / self.s.cpu_allocation_ratio
@@ -381,18 +442,85 @@ class KubeVirt:
         # migration does (virt-handler): a drain's eviction of a VMI the descheduler marked before (and whose
         # mark was cancelled) still carries it, so its VMIM gets system-maintenance too
         vmi.from_descheduler = vmi.from_descheduler or from_descheduler
-        self.publish_vmi(vmi)
+        self.vmi_updated(vmi, now)  # the VMI update wakes the evacuation controller for the node: it creates the VMIM
         self.schedule(now + ANNOTATION_DELAY, self._sync_annotation, (pod,))
-        if not any(m.end is None for m in vmi.vmims):
-            # the evacuation controller skips a VMI with an unfinished VMIM (evacuation.go:480-520): one left
-            # from a cancelled mark runs on, and its end decides (a success clears the mark, a failure retries)
-            self._create_vmim(vmi, now)
         self.observe_leavers(pod.node)
         return Answer(False, f"{BACKGROUND} of {ref}", "kubevirt_evacuation")
 
     # ---- the evacuation and migration controllers ----------------------------
 
+    def enqueue(self, node: str, now: int, after: int = 0) -> None:
+        """The evacuation controller's work queue gets ``node``: now (``Add``: a key already waiting
+        is not added twice), or ``after`` seconds from now (``AddAfter``: one delayed entry per key, the
+        earliest, as client-go's delaying queue keeps it)."""
+        if node not in self.node_by_name:
+            return
+        if after <= 0:
+            if (node, now) not in self._evac_queued:
+                self._evac_queued.add((node, now))
+                self.schedule(now, self._evacuation_sync, (node,))
+            return
+        at = now + after
+        due = self._evac_delayed.get(node)
+        if due is not None and due <= at:
+            return
+        self._evac_delayed[node] = at
+        self.schedule(at, self._delayed_ready, (node,))
+
+    def _delayed_ready(self, now: int, node: str) -> None:
+        if self._evac_delayed.get(node) == now:
+            del self._evac_delayed[node]
+            self.enqueue(node, now)
+
+    def _heartbeat(self, now: int, node: str) -> None:
+        """virt-handler's heartbeat patches its Node's schedulable label and heartbeat annotation
+        (pkg/virt-handler/heartbeat/heartbeat.go:140-181) every ``heartbeat_interval`` x (1 + jitter x U)
+        seconds (``wait.JitterUntil(h.do, 1m, 1.2, true, ...)``, heartbeat.go:96; vm.go:191): a Node
+        update, which wakes the evacuation controller for the node (evacuation.go:121-134)."""
+        self.enqueue(node, now)
+        for listener in self.heartbeat_listeners:
+            listener(node, now)
+        s = self.s
+        gap = s.heartbeat_interval * (1 + s.heartbeat_jitter * self.heartbeat_rng.random())
+        self.schedule(now + max(1, int(gap)), self._heartbeat, (node,))
+
+    def _migration_in_progress(self, vmi: VMI) -> bool:
+        """``IsMigrating``: ``migrationState`` has a start and no end (pkg/util/migrations/migrations.go:77-98)."""
+        m = vmi.migration
+        return m is not None and m.copy_start is not None and m.end is None
+
+    def _evacuation_sync(self, now: int, node: str) -> None:
+        """One pass of the evacuation controller over ``node`` (evacuation.go:297-452)."""
+        self._evac_queued.discard((node, now))
+        n = self.node_by_name[node]
+        tainted = n.no_schedule == KUBEVIRT_DRAIN_TAINT
+        if not tainted and self.marked_on[node] == 0:
+            return
+        on_node = [p.vmi for p in self.pods_on[node].values() if p.vmi.pod is p and p.vmi.node is n]
+        if tainted:  # the deprecated drain taint: every VMI on the node (evacuation.go:458-466, 523-530)
+            wanted = on_node
+        else:  # getMarkedForEvictionVMIs (evacuation.go:327-335)
+            wanted = [v for v in on_node if v.evacuation_node == node and not self._migration_in_progress(v)]
+        # filterRunningNonMigratingVMIs (evacuation.go:480-519): all modelled VMs are LiveMigrate and migratable
+        candidates = [v for v in wanted if not any(m.end is None for m in v.vmims) and v.active_pods <= 1]
+        if not candidates:
+            return
+        self.order_rng.shuffle(candidates)  # the node index is a set: no defined order
+        if not self.s.migration_priority_queue:
+            # evacuation.go:380-418: Pending VMIMs (those in backoff too) are not counted as running
+            free = min(self.s.parallel_migrations_per_cluster - len(self.running),
+                       self.s.parallel_outbound_migrations_per_node - self.outbound[node])
+            if free <= 0:
+                self.enqueue(node, now, LIMITS_RECHECK)
+                return
+            candidates = candidates[:free]
+        for vmi in candidates:
+            self._create_vmim(vmi, now)
+
     def _create_vmim(self, vmi: VMI, now: int) -> None:
+        """``GenerateNewMigration`` (evacuation.go:337-359) and its creation; the migration controller then
+        holds it Pending while ``handleMigrationBackoff`` says so (migration.go:1051-1113), counted from
+        the previous VMIM's failure."""
         self._seq += 1
         previous = vmi.vmims  # what the garbage collector left, oldest first
         backoff = retry_backoff([m.phase for m in previous], self.s.backoff_initial)
@@ -403,26 +531,37 @@ class KubeVirt:
             seq=self._seq, name=vmim_name(self._seq), uid=f"uid-vmim-{self._seq:06d}", vmi=vmi,
             created=now, eligible_at=eligible,
             priority=PRIORITY_DESCHEDULER if vmi.from_descheduler else PRIORITY_DRAIN,
-            evacuation_node=vmi.evacuation_node,
+            evacuation_node=vmi.node.name,  # the key of the node being synced (evacuation.go:340, 432)
+            queued=self.s.migration_priority_queue,
         )
         vmi.vmims.append(m)
         self.pending.append(m)
-        self.publish_vmim(m)
+        self.vmim_updated(m, now)
         if eligible > now:
-            self.schedule(m.eligible_at, self.try_start, ())
+            self.schedule(m.eligible_at, self._process, (m,))
         else:
-            self.try_start(now)
+            self._process(now, m)
 
-    def try_start(self, now: int) -> None:
-        """Start what the limits allow: highest priority first, then the oldest."""
-        if not self.pending or len(self.running) >= self.s.parallel_migrations_per_cluster:
+    def _process(self, now: int, m: Migration) -> None:
+        """The migration controller takes up one pending VMIM (its backoff over, or re-queued)."""
+        if m in self.pending:
+            self.try_start(now, [m])
+
+    def try_start(self, now: int, only: list[Migration] | None = None) -> None:
+        """Start what the limits allow (migration.go:1341-1405): by priority when the gate is on, then the
+        oldest. A VMIM the limits refuse is looked at again a few seconds later."""
+        pool = self.pending if only is None else only
+        if not pool:
             return
-        ready = sorted((m for m in self.pending if m.eligible_at <= now), key=lambda m: (-m.priority, m.created, m.seq))
+        ready = sorted((m for m in pool if m.eligible_at <= now), key=lambda m: (-m.queue_priority, m.created, m.seq))
         for m in ready:
-            if len(self.running) >= self.s.parallel_migrations_per_cluster:
-                break
             source = m.vmi.node
-            if self.outbound[source.name] >= self.s.parallel_outbound_migrations_per_node:
+            if (len(self.running) >= self.s.parallel_migrations_per_cluster
+                    or self.outbound[source.name] >= self.s.parallel_outbound_migrations_per_node):
+                delay = GATED_RECHECK[m.priority] if m.queued else LIMITS_RECHECK
+                if m.recheck_at <= now:
+                    m.recheck_at = now + delay
+                    self.schedule(m.recheck_at, self._process, (m,))
                 continue
             self._start(m, source, now)
 
@@ -472,7 +611,7 @@ class KubeVirt:
             m.target = target
             m.target_pod = self._new_pod(m.vmi, target, migration=m)
             self.schedule(now + self.s.setup_seconds, self._begin_copy, (m,))
-        self.publish_vmim(m)
+        self.vmim_updated(m, now)
 
     def _begin_copy(self, now: int, m: Migration) -> None:
         vmi, source = m.vmi, m.source
@@ -485,8 +624,8 @@ class KubeVirt:
             m.fail_at = now + max(1, int(nominal * self.rng.uniform(0.1, 1.0)))
         self.copying[source.name].append(m)
         self._reshare(source, now)
-        self.publish_vmim(m)
-        self.publish_vmi(vmi)
+        self.vmim_updated(m, now)
+        self.vmi_updated(vmi, now)
 
     # ---- the copy: a fluid model on the source node's shared NIC -------------
 
@@ -566,7 +705,10 @@ class KubeVirt:
         if failed:
             vmi.failures_since_success += 1
             if m.target_pod is not None:
-                self._delete_pod(m.target_pod)
+                if failure == "unschedulable" or self.s.target_exit_seconds <= 0:
+                    self._delete_pod(m.target_pod)  # deleted before the VMIM fails (migration.go:1532-1549)
+                else:  # its virt-launcher exits a moment after the failure; the controllers see no change
+                    self.schedule(now + self.s.target_exit_seconds, self._target_exited, (m.target_pod,))
         else:
             assert target is not None and m.target_pod is not None
             vmi.failures_since_success = 0
@@ -576,24 +718,36 @@ class KubeVirt:
             vmi.evacuation_node, vmi.from_descheduler = "", False
             if old is not None:
                 self._delete_pod(old)  # the source pod completes and is gone
-        self.publish_vmim(m)
-        self.publish_vmi(vmi)
-        self._retain(vmi)
+        self.vmim_updated(m, now)
+        self.vmi_updated(vmi, now)
+        self._retain(vmi, now)
         for listener in self.listeners:
             listener(m)
         if copying:
             self._reshare(source, now)
-        if vmi.evacuation_node:  # still marked: the evacuation controller tries again
-            self._create_vmim(vmi, now)
-        self.try_start(now)
+        # still marked: the evacuation controller creates the next VMIM when it next runs for the node with the
+        # target pod gone (the updates above woke it); with the gate on, the freed slot goes to the pending
+        # VMIMs by priority at once (migration.go:442-475), without it they find it at their next 5 s look
+        if self.s.migration_priority_queue:
+            self.try_start(now)
 
-    def _retain(self, vmi: VMI) -> None:
+    def _target_exited(self, now: int, pod: Pod) -> None:
+        """A failed attempt's target virt-launcher has exited: the pod no longer counts as active
+        (``VMIActivePodsCount`` skips completed pods, pkg/controller/controller.go:361-383). Nothing the
+        evacuation controller watches changes (it has no pod handler; ``status.activePods`` still lists the
+        completed pod). The model drops the pod object here."""
+        if pod.name in self.pods:
+            self._delete_pod(pod)
+
+    def _retain(self, vmi: VMI, now: int) -> None:
         """Garbage-collect all but the newest finished VMIMs of a VMI."""
         finished = [m for m in vmi.vmims if m.phase in ("Succeeded", "Failed")]
         drop = finished[: max(0, len(finished) - self.s.retained_finished_migrations)]
         for m in drop:
             vmi.vmims.remove(m)
             self.store.delete(VMIM, (NAMESPACE, m.name))
+        if drop:
+            self.enqueue(vmi.node.name, now)  # a VMIM deleted: its VMI's node (evacuation.go:220-222)
 
     # ---- what other components read -----------------------------------------
 
@@ -612,7 +766,7 @@ class KubeVirt:
             return False
         self.marked_on[node] -= 1
         vmi.evacuation_node = ""
-        self.publish_vmi(vmi)
+        self.vmi_updated(vmi, now)
         if vmi.pod is not None:
             self.schedule(now + ANNOTATION_DELAY, self._sync_annotation, (vmi.pod,))
         return True
@@ -650,14 +804,14 @@ class KubeVirt:
 
     def set_cordoned(self, node: Node, cordoned: bool, now: int) -> None:
         node.cordoned = cordoned
-        self.publish_node(node)
+        self.node_updated(node, now)
         if not cordoned:
             self.observe_leavers(node)
             self.try_start(now)
 
     def set_no_schedule(self, node: Node, key: str, now: int) -> None:
         node.no_schedule = key
-        self.publish_node(node)
+        self.node_updated(node, now)
         if not key:
             self.observe_leavers(node)
             self.try_start(now)

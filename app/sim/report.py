@@ -27,10 +27,14 @@ SIMPLIFICATIONS = (
     "below the share, only the first pass progresses, then the no-progress timeout (150 s) aborts it; the "
     "completion timeout is 150 s x GiB from the copy start. No post-copy, auto-converge, target NIC limit or "
     "migration network separate from the node NIC.",
-    "KubeVirt as v1.9 runs it (v1.8 with its MigrationPriorityQueue feature gate enabled): a VMIM for every marked "
-    "VMI at once, started by priority, then age, within 5 per cluster and 2 outbound per node; after a failed "
-    "attempt the retry waits 20 s doubled per failed evacuation VMIM still kept since the last success (5 are "
-    "kept, so at most 320 s), counted from that failure.",
+    "KubeVirt as v1.8 runs it by default (MigrationPriorityQueue feature gate off): the evacuation controller "
+    "runs for a node when a Node, VMI or VMIM of it changes, or 5 s after it found the limits full, and creates "
+    "VMIMs (without a priority) only for marked VMIs with room under 5 per cluster and 2 outbound per node. A failed "
+    "attempt's target pod is still up when the failure's own updates wake it, so the retry is created at the "
+    "node's next wake-up, in a quiet node virt-handler's heartbeat (60 s x (1 + 1.2 x U[0,1))), and started once "
+    "the backoff has passed: 20 s doubled per failed evacuation VMIM still kept since the last success (5 are "
+    "kept, so at most 320 s), counted from that failure. `kubevirt: {migrationPriorityQueue: true}` models v1.9 "
+    "(or v1.8 with the gate on): a VMIM for every marked VMI at once, started by priority, then age.",
     "Balance: at each load sample, the std of the schedulable nodes' scores, and the nodes more than the "
     "descheduler's high threshold above their mean (the ones it calls overutilised), each counting until the "
     "next sample.",
@@ -41,8 +45,10 @@ SIMPLIFICATIONS = (
     "scores; ties at random).",
     "API calls, watches and controllers are instantaneous, except that virt-controller sets the pod's "
     "eviction-in-progress annotation one second after the mark (so the descheduler's assumed entry comes "
-    "first, as in a cluster). The guard's store is always current, and its migration-history annotation "
-    "is written the instant a migration finishes.",
+    "first, as in a cluster), and a failed attempt's target virt-launcher exits one second after the failure. "
+    "The guard's store is always current, and its migration-history annotation is written the instant a "
+    "migration finishes. A VMIM waiting for a slot is looked at again every 5 s (1 s for a system-critical one "
+    "with the gate on), and at every load sample.",
     "The descheduler's pod informer sees an update of a launcher pod only when its eviction-in-progress "
     "annotation changes; other pod updates, which would re-add a lapsed entry as observed, are not modelled.",
     "Drains: kubectl drain (cordon) retries refused evictions every 5 s, cluster-autoscaler (taint "

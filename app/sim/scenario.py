@@ -45,6 +45,14 @@ class KubeVirtSettings:
     cpu_allocation_ratio: float = 10.0  # a VM's pod requests vCPUs / ratio
     retained_finished_migrations: int = 5
     backoff_initial: int = 20
+    # KubeVirt's MigrationPriorityQueue feature gate: Beta and off by default in v1.8 (GA, always on, in v1.9)
+    migration_priority_queue: bool = False
+    # virt-handler's node heartbeat: every interval x (1 + jitter x U[0,1)) s (pkg/virt-handler/vm.go:191,
+    # pkg/virt-handler/heartbeat/heartbeat.go:96); each is a Node update that wakes the evacuation controller
+    heartbeat_interval: int = 60
+    heartbeat_jitter: float = 1.2
+    # a failed migration's target virt-launcher exits this long after the failure (its pod then counts as gone)
+    target_exit_seconds: int = 1
 
 
 @dataclass(frozen=True)
@@ -286,6 +294,10 @@ def _kubevirt(ctx: _Ctx, raw: Any) -> KubeVirtSettings:
         "migrationFailureProbability": ("failure_probability", "prob"),
         "migrationCpuOverhead": ("migration_cpu_overhead", "num"),
         "cpuAllocationRatio": ("cpu_allocation_ratio", "num"),
+        "migrationPriorityQueue": ("migration_priority_queue", "bool"),
+        "heartbeatInterval": ("heartbeat_interval", "dur1"),
+        "heartbeatJitter": ("heartbeat_jitter", "num"),
+        "targetExitSeconds": ("target_exit_seconds", "dur"),
     }
     ctx.known(d, "kubevirt", names)
     kwargs: dict[str, Any] = {}
@@ -297,10 +309,16 @@ def _kubevirt(ctx: _Ctx, raw: Any) -> KubeVirtSettings:
             kwargs[attr] = ctx.integer(d[name], key, 1)
         elif kind == "dur":
             kwargs[attr] = ctx.seconds(d[name], key)
+        elif kind == "dur1":
+            kwargs[attr] = ctx.seconds(d[name], key, 1)
         elif kind == "gbps":
             kwargs[attr] = ctx.number(d[name], key, 0.01) * GIB_PER_GBIT
         elif kind == "prob":
             kwargs[attr] = ctx.number(d[name], key, 0, 1)
+        elif kind == "bool":
+            if not isinstance(d[name], bool):
+                raise ctx.fail(key, "true or false")
+            kwargs[attr] = d[name]
         else:
             kwargs[attr] = ctx.number(d[name], key, 0)
     return KubeVirtSettings(**kwargs)

@@ -132,7 +132,7 @@ def apply_snapshot(scenario: Scenario, path: str | Path) -> Scenario:
 
 
 def _history(raw: list[dict], names: dict[tuple, str]) -> list[tuple[str, str, float, float, bool, int]]:
-    """Finished migrations as (vm, uid, start, end, failed, priority) in epoch seconds."""
+    """Finished migrations as (vm, uid, start, end, failed, priority or None) in epoch seconds."""
     out = []
     for m in raw:
         meta, status = _d(m.get("metadata")), _d(m.get("status"))
@@ -141,7 +141,9 @@ def _history(raw: list[dict], names: dict[tuple, str]) -> list[tuple[str, str, f
         start, end = parse_timestamp(state.get("startTimestamp")), parse_timestamp(state.get("endTimestamp"))
         if key not in names or status.get("phase") not in ("Succeeded", "Failed") or start is None or end is None:
             continue
-        prio = PRIORITY_DESCHEDULER if _d(m.get("spec")).get("priority") == "system-maintenance" else PRIORITY_DRAIN
+        spec_priority = _d(m.get("spec")).get("priority")  # none: KubeVirt ran without MigrationPriorityQueue
+        prio = None if not spec_priority else PRIORITY_DESCHEDULER if spec_priority == "system-maintenance" \
+            else PRIORITY_DRAIN
         out.append((names[key], str(meta.get("uid") or meta.get("name")), start, end, status.get("phase") == "Failed",
                     prio))
     return sorted(out, key=lambda h: h[3])
@@ -160,13 +162,14 @@ class _Seeder:
             vmi = kv.vmi_by_name[vm]
             s, e = int(start - zero), int(end - zero)
             m = Migration(seq=-1 - seq, name=f"{vm}-snapshot-{seq:04d}", uid=f"snapshot-{uid}", vmi=vmi, created=s,
-                          eligible_at=s, priority=prio, evacuation_node=vmi.node.name,
+                          eligible_at=s, priority=PRIORITY_DRAIN if prio is None else prio, queued=prio is not None,
+                          evacuation_node=vmi.node.name,
                           phase="Failed" if failed else "Succeeded", start=s, end=e, source=vmi.node,
                           target=vmi.node, failed=failed, copy_start=s)
             vmi.vmims.append(m)
             vmi.migration = m
             vmi.failures_since_success = vmi.failures_since_success + 1 if failed else 0
             kv.publish_vmim(m)
-            kv._retain(vmi)
+            kv._retain(vmi, 0)
         for vmi in kv.vmis:
             kv.publish_vmi(vmi)
