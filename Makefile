@@ -164,9 +164,10 @@ e2e-oldest: $(STAMP) e2e-bin
 	  E2E_KUBERNETES=$$(awk '$$1 == "k8s.io/kubernetes" {print $$2}' e2e/oldest/go.mod) \
 	  $(PY) -m pytest -m e2e tests/e2e $(addprefix --ignore=,$(E2E_OLDEST_SKIP)) $(E2E_ARGS)
 
-# The outcome run (about 13 minutes): the real descheduler without the guard, with it, and with evictionLimits.node
-# 1, 12 minutes of real time each (side by side), against the actor's KubeVirt, Prometheus and load model
-# (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
+# The outcome run (about 16 minutes): the real descheduler without the guard, with it, and with evictionLimits.node
+# 1, 12 minutes of real time each (side by side, each on its own control plane with real virt-api and
+# virt-controller), the actor as scheduler, kubelet and virt-handler with the scenario's physics, Prometheus and the
+# load model (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
 # table in docs/simulator.md. Needs unshare (the descheduler runs in its own mount namespace) and Debian's
 # prometheus. `make e2e` runs a 90 s form of it.
 # DESCHEDULER=path POLICY=file [MODEL=mode] [STRUCTURE_ONLY=1]: also run that descheduler build with that policy as
@@ -183,7 +184,7 @@ e2e-outcome: $(STAMP) e2e-bin
 	$(if $(DESCHEDULER),,$(PY) -m tools.figures stamp e2e-outcome)
 
 # Every generated figure in the docs, regenerated on this machine (hours: the simulator's candidate comparison alone
-# takes about 15 minutes, the outcome run 13); each step stamps its section with the commit, the date, the machine
+# takes about 15 minutes, the outcome run 16); each step stamps its section with the commit, the date, the machine
 # and the hash of its inputs (tools/figures.py; make test fails on a section whose inputs changed since, unless it
 # says it is older than the code).
 figures: $(BENCH_STAMP) $(SIM_STAMP)

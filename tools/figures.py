@@ -57,7 +57,8 @@ SECTIONS = {
                        ("bench/attacks.py", "bench/doc.py", *SERVING)),
     "simulate": Section("docs/simulator.md", "make simulate", (*SIMULATOR, "Makefile")),
     "e2e-outcome": Section("docs/simulator.md", "make e2e-outcome",
-                           ("tests/e2e/outcome", "e2e/go.mod", *SIMULATOR, *SERVING)),
+                           ("tests/e2e/outcome", "tests/e2e/actor", "tests/e2e/kubevirt.py", "e2e/go.mod",
+                            "e2e/kubevirt/go.mod", *SIMULATOR, *SERVING)),
     "candidates": Section("docs/simulator.md", "bench/sim_candidates.sh",
                           ("bench/sim_candidates.sh", "bench/sim_candidates.py", *SIMULATOR)),
 }

@@ -163,6 +163,18 @@ class CertificateAuthority:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def key_pem(self) -> bytes:
+        return _pem_key(self.key)
+
+    @classmethod
+    def from_pem(cls, cert_pem: bytes, key_pem: bytes) -> CertificateAuthority:
+        """The same CA in another process (the outcome run's actor issues its kubelets' certificates with it)."""
+        ca = cls.__new__(cls)
+        ca.cert = x509.load_pem_x509_certificate(cert_pem)
+        ca.key = serialization.load_pem_private_key(key_pem, password=None)
+        return ca
+
     def issue(self, cn: str, org: str | None = None, server: bool = False, dns_names: tuple[str, ...] = (),
               ips: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
         """(certificate PEM, key PEM): a serving certificate for loopback (and ``dns_names``, ``ips``), or a client

@@ -1,11 +1,15 @@
-"""The real descheduler evicting through the guard, and the outcome run in short (``make e2e-outcome``: the full one).
+"""The real descheduler evicting through the guard into real KubeVirt, and the outcome run in short
+(``make e2e-outcome``: the full one).
 
-Both modes of the outcome run (``tests/e2e/outcome``), side by side on two control planes, for 90 s each: the real
-descheduler v0.36 (KubeVirt profile settings, Prometheus score, EvictionsInBackground, its chart's RBAC and token)
-against the actor's KubeVirt, without and with the guard (chart installed by Helm, guard running with the chart's
-ServiceAccount token). The figures go to ``build/e2e/outcome.json`` (form "short"), which the summary carries.
-Beside them, on a third control plane, the descheduler's limits with a VM in flight (``outcome/limits.yaml``),
-against the simulator's model of them.
+Both modes of the outcome run (``tests/e2e/outcome``), side by side, each on its own control plane with real
+virt-api and virt-controller (KubeVirt v1.8.3, the KubeVirt CR's migration settings from the scenario), for 90 s
+each: the real descheduler v0.36 (KubeVirt profile settings, Prometheus score, EvictionsInBackground, its chart's
+RBAC and token) without and with the guard (chart installed by Helm, guard and its canceller running with the
+chart's ServiceAccount token). The actor plays only the scheduler's binding, kubelet and virt-handler, with the
+scenario's physics (``tests/e2e/actor``). The figures go to ``build/e2e/outcome.json`` (form "short"), which the
+summary carries. Beside them, on a third control plane, the descheduler's limits with a VM in flight
+(``outcome/limits.yaml``), against the simulator's model of them. Self-contained: it starts and stops its own control
+planes, so it can run beside any other group.
 """
 
 from __future__ import annotations

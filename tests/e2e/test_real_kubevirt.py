@@ -84,8 +84,8 @@ def test_descheduler_eviction_through_the_guard_and_virt_api_migrates_the_vm(kv,
     ns = kv.cluster.fresh_namespace("real")
     a, b = kv.node("src"), kv.node("dst")
     kv.nodes.targets[(ns, "vm")] = b
-    # long enough that the eviction below, after the guard's sync, still finds it migrating on a busy machine
-    kv.nodes.copy_seconds[(ns, "vm")] = 15
+    kv.nodes.copy_seconds[(ns, "vm")] = 3
+    kv.nodes.plans[(ns, "vm")] = ["hold"]  # in flight until the guard has answered for it below
     kv.vm(ns, "vm", a)
     pod = kv.source_pod(ns, "vm")
     kv.cluster.sync()
@@ -123,6 +123,8 @@ def test_descheduler_eviction_through_the_guard_and_virt_api_migrates_the_vm(kv,
     assert body["message"].startswith(f'admission webhook "{kv.installation.webhook_name}" denied the request: '
                                       f'Evacuation in progress: {text}'), body
     assert len(kv.vmims(ns, "vm")) == 1
+    (held,) = wait_for(lambda: kv.nodes.migrations_of(ns, "vm"), 30, "virt-handler to see the migration")
+    kv.nodes.set_plan(held, "succeed")
 
     # KubeVirt completes it from what virt-handler reports; the VM is on b, the mark and the source annotation gone
     done = wait_for(lambda: (m := kv.vmims(ns, "vm")[0]).get("status", {}).get("phase") == "Succeeded" and m,

@@ -1,19 +1,21 @@
-"""``python -m tests.e2e.actor --scenario FILE --kubeconfig FILE --workdir DIR --duration SECONDS --cert --key --ca``
+"""``python -m tests.e2e.actor --scenario FILE --kubeconfig FILE --handler-kubeconfig FILE --ca-dir DIR --workdir DIR
+--duration SECONDS``
 
-With the CRDs installed (``ControlPlane.install_crds``), creates the scenario's nodes, VMIs and launcher pods (placed as the
-simulator places them), registers KubeVirt's eviction admitter, serves the load to Prometheus, writes
-``DIR/actor-ready.json`` (ports, start time) and runs the scenario for ``--duration`` seconds of real time; then
-writes ``DIR/actor-result.json`` (every migration, every call of the admitter, the most VMs marked on one node)
-and exits. SIGTERM ends the run early, with the result.
+The outcome run's cluster around real KubeVirt (virt-api and virt-controller already running on this control
+plane: ``tests/e2e/kubevirt.py``). Creates the scenario's nodes (as kubelet registers them) and its VMs as users
+create them (a VMI each, with the VM's vCPUs and memory; virt-controller makes the launcher pods, the actor's
+scheduler binds each to the node the simulator's initial placement gives it), waits until every VMI runs, then
+plays kubelet, the scheduler's binding and virt-handler with the scenario's hardware (``node.Nodes`` with
+``physics.Hardware``) and serves the load to Prometheus (``load.py``) for ``--duration`` seconds of real time.
+Writes ``DIR/actor-ready.json`` (ports, start time) once the VMs run, and ``DIR/actor-result.json`` at the end
+(every migration KubeVirt made, the most VMs leaving one node at once, the load samples). SIGTERM ends the run
+early, with the result.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import copy
-import dataclasses
-import heapq
 import json
 import logging
 import signal
@@ -22,120 +24,93 @@ import threading
 import time
 from pathlib import Path
 from random import Random
+from types import SimpleNamespace
 
 import orjson
-from kubernetes import watch
-from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from app.cluster.kube import api_client
-from app.domain.records import EVICTION_IN_PROGRESS
 from app.sim.engine import initial_placement, node_load
 from app.sim.scenario import ScenarioError, load_scenario
-from tests.e2e.actor import objects as o
-from tests.e2e.actor.admitter import Admitter
-from tests.e2e.actor.kubevirt import Clock, RealKubeVirt, Writer
 from tests.e2e.actor.load import Exporter
+from tests.e2e.actor.node import Nodes
+from tests.e2e.actor.physics import Hardware
+from tests.e2e.actor.record import Recorder
+from tests.e2e.controlplane import CertificateAuthority
+from tests.e2e.objects import KubeObjects
 
 log = logging.getLogger("actor")
-PRIO_SAMPLE, PRIO_KUBEVIRT = 0, 2
+NAMESPACE = "vms"  # the simulator's namespace for VMs (app.sim.kubevirt.NAMESPACE)
 
 
-class Driver:
-    """The simulator's event queue in real time: ``fn(at, *args)`` runs, under the model's lock, once ``at``
-    seconds of the run have passed; events due at the same second run samples first, then first scheduled first."""
-
-    def __init__(self, lock: threading.RLock) -> None:
-        self.cv = threading.Condition(lock)
-        self.clock = Clock()
-        self._heap: list = []
-        self._seq = 0
-        self.stopped = False
-
-    def schedule(self, at: int, fn, args: tuple = (), prio: int = PRIO_KUBEVIRT) -> None:
-        with self.cv:
-            self._seq += 1
-            heapq.heappush(self._heap, (at, prio, self._seq, fn, args))
-            self.cv.notify_all()
-
-    def stop(self) -> None:
-        with self.cv:
-            self.stopped = True
-            self.cv.notify_all()
-
-    def run(self, until: float) -> None:
-        with self.cv:
-            while not self.stopped:
-                elapsed = self.clock.elapsed()
-                if elapsed >= until:
-                    return
-                if self._heap and self._heap[0][0] <= elapsed:
-                    at, _, _, fn, args = heapq.heappop(self._heap)
-                    try:
-                        fn(at, *args)
-                    except Exception:  # one failed event must not end the run; it is in the log
-                        log.exception("event %s failed", getattr(fn, "__name__", fn))
-                    continue
-                wait = until - elapsed if not self._heap else min(until, self._heap[0][0]) - elapsed
-                self.cv.wait(max(0.01, min(wait, 1.0)))
+def _api(kubeconfig: Path) -> client.ApiClient:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg, persist_config=False)
+    return client.ApiClient(cfg)
 
 
-def install(api, ca_pem: bytes, admitter_port: int) -> None:
-    """The VMs' namespace and KubeVirt's admitter (the CRDs are the control plane's: ``cp.install_crds()``)."""
+def vmi_body(vm) -> dict:
+    """The VM as a user writes its VMI: its vCPUs and memory, live migration on eviction."""
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": vm.name, "namespace": NAMESPACE},
+            "spec": {"domain": {"cpu": {"cores": max(1, int(vm.vcpus))}, "devices": {},
+                                "resources": {"requests": {"memory": f"{int(vm.memory * 1024)}Mi"}}},
+                     "evictionStrategy": "LiveMigrate", "terminationGracePeriodSeconds": 0}}
+
+
+class _Plane:
+    """What ``Nodes`` uses of a control plane, in this process: its URL, CA (to issue the kubelets' and the
+    scheduler's client certificates) and an admin client."""
+
+    def __init__(self, kubeconfig: Path, ca_dir: Path) -> None:
+        doc = json.loads(kubeconfig.read_text())
+        self.url = doc["clusters"][0]["cluster"]["server"]
+        self.ca_path = Path(doc["clusters"][0]["cluster"]["certificate-authority"])
+        self.ca = CertificateAuthority.from_pem((ca_dir / "ca.crt").read_bytes(), (ca_dir / "ca.key").read_bytes())
+        self._kubeconfig = kubeconfig
+
+    def api_client(self) -> client.ApiClient:
+        return _api(self._kubeconfig)
+
+
+def create_cluster(api: client.ApiClient, nodes, vms, placement: list[int], actor: Nodes, timeout: float) -> None:
+    objects = KubeObjects(api)
     try:
-        CoreV1Api(api).create_namespace({"metadata": {"name": o.NAMESPACE}})
+        objects.namespace(NAMESPACE)
     except ApiException as e:
         if e.status != 409:
             raise
-    hook = o.admitter_webhook(f"https://127.0.0.1:{admitter_port}/validate-eviction",
-                              base64.b64encode(ca_pem).decode())
-    adm = AdmissionregistrationV1Api(api)
-    try:
-        adm.create_validating_webhook_configuration(hook)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        adm.replace_validating_webhook_configuration(hook["metadata"]["name"], {
-            **hook, "metadata": {**hook["metadata"],
-                                 "resourceVersion": adm.read_validating_webhook_configuration(
-                                     hook["metadata"]["name"]).metadata.resource_version}})
-
-
-def watch_annotations(api, kv: RealKubeVirt, lock, foreign: list, stop: threading.Event) -> None:
-    """virt-controller's side of ``eviction-in-progress``: anyone's value on a pod whose VMI is not marked (or that
-    is not the VM's source pod) is removed again, and recorded."""
-    core = CoreV1Api(api)
-    while not stop.is_set():
-        try:
-            for ev in watch.Watch().stream(core.list_namespaced_pod, o.NAMESPACE, timeout_seconds=30):
-                pod_obj = ev["object"]
-                meta = pod_obj.metadata
-                if ev["type"] == "DELETED" or EVICTION_IN_PROGRESS not in (meta.annotations or {}):
-                    continue
-                with lock:
-                    pod = kv.pods.get(meta.name)
-                    if pod is None or (pod.vmi.evacuation_node and pod.vmi.pod is pod):
-                        continue
-                    foreign.append({"t": kv.clock.elapsed(), "pod": meta.name, "vmi": pod.vmi.name,
-                                    "marked": bool(pod.vmi.evacuation_node)})
-                    kv.remove_annotation(pod)
-                if stop.is_set():
-                    return
-        except Exception as e:  # a cut watch: list and watch again
-            if not stop.is_set():
-                log.warning("pod watch: %s", e)
-                time.sleep(1)
+    core = client.CoreV1Api(api)
+    for n in nodes:
+        objects.node(n.name, cpu=str(int(n.cpu)), memory=f"{int(n.memory)}Gi")
+        # the API server's TaintNodesByCondition put node.kubernetes.io/not-ready on the new node; the node
+        # lifecycle controller (kube-controller-manager, not run here) takes it away once the node is Ready
+        core.patch_node(n.name, {"spec": {"taints": None}})
+    custom = client.CustomObjectsApi(api)
+    for vm, i in zip(vms, placement):
+        actor.placement[(NAMESPACE, vm.name)] = nodes[i].name
+        custom.create_namespaced_custom_object("kubevirt.io", "v1", NAMESPACE, "virtualmachineinstances", vmi_body(vm))
+    deadline = time.monotonic() + timeout
+    while True:
+        items = custom.list_namespaced_custom_object("kubevirt.io", "v1", NAMESPACE, "virtualmachineinstances")["items"]
+        running = [v for v in items if v.get("status", {}).get("phase") == "Running"]
+        if len(running) == len(vms):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(running)} of {len(vms)} VMIs running after {timeout:.0f} s; actor errors: "
+                               f"{actor.errors[:3]}")
+        time.sleep(1)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.e2e.actor", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", required=True, help="scenario YAML (the simulator's format)")
-    p.add_argument("--kubeconfig", required=True, help="an admin kubeconfig of the API server")
+    p.add_argument("--kubeconfig", required=True, type=Path, help="an admin kubeconfig of the API server")
+    p.add_argument("--handler-kubeconfig", required=True, type=Path, help="virt-handler's (its ServiceAccount's)")
+    p.add_argument("--ca-dir", required=True, type=Path, help="ca.crt and ca.key of the control plane's CA")
     p.add_argument("--workdir", required=True, type=Path, help="where actor-ready.json and actor-result.json go")
     p.add_argument("--duration", required=True, type=float, help="seconds of real time to run")
-    p.add_argument("--cert", required=True, type=Path, help="the admitter's serving certificate (PEM)")
-    p.add_argument("--key", required=True, type=Path, help="its key (PEM)")
-    p.add_argument("--ca", required=True, type=Path, help="the CA that signed it (the webhook's caBundle)")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between the actor's passes")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.duration <= 0:
@@ -145,68 +120,63 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as e:
         print(f"actor: {e}", file=sys.stderr)
         return 2
-    api = api_client(args.kubeconfig, retries=False, pool_size=8)
-    lock = threading.RLock()
-    driver = Driver(lock)
-    writer = Writer(api)
     nodes, vms = copy.deepcopy(sc.nodes), copy.deepcopy(sc.vms)
     placement = initial_placement(nodes, vms, Random(f"{sc.seed}:placement"))
-    kv = RealKubeVirt(sc.kubevirt, nodes, vms, placement, Random(f"{sc.seed}:kubevirt"),
-                      lambda at, fn, a: driver.schedule(at, fn, a), writer, driver.clock)
-    admitter = Admitter(kv, lock)
-    admitter_port = admitter.serve(args.cert, args.key)
-    install(api, args.ca.read_bytes(), admitter_port)
-    if not writer.wait(timeout=120):
-        print("actor: creating the cluster's objects took over 120 s", file=sys.stderr)
-        return 1
-    exporter = Exporter([n.name for n in nodes])
-    exporter_port = exporter.serve()
-    stop = threading.Event()
-    foreign: list[dict] = []
-    threading.Thread(target=watch_annotations, args=(api, kv, lock, foreign, stop), daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: driver.stop())
-
-    load_rng = Random(f"{sc.seed}:load")
-    overhead = sc.kubevirt.migration_cpu_overhead
-    scores_log: list[tuple[int, list[int]]] = []
-
-    def sample(now: int) -> None:
-        for vm in vms:
-            vm.cpu_load.tick(load_rng, now)
-            vm.memory_load.tick(load_rng, now)
-        scores_log.append((now, exporter.update(now, node_load(kv, now, overhead))))
-        kv.try_start(now)
-        driver.schedule(now + sc.sample_interval, sample, prio=PRIO_SAMPLE)
-
-    with lock:
-        driver.clock = kv.clock = Clock()  # the run starts now that the objects exist
-        driver.schedule(0, sample, prio=PRIO_SAMPLE)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    (args.workdir / "actor-ready.json").write_text(json.dumps({
-        "wall0": driver.clock.wall0, "admitter_port": admitter_port, "exporter_port": exporter_port,
-        "nodes": [n.name for n in nodes], "vms": len(vms)}))
-    log.info("running %s for %.0f s: %d nodes, %d VMs", sc.name, args.duration, len(nodes), len(vms))
-    driver.run(args.duration)
-    with lock:
-        end = driver.clock.elapsed()
-        runs = list(kv.finished) + kv.running_runs()
-        result = {
-            "scenario": sc.name, "duration_s": end, "wall0": driver.clock.wall0,
-            "runs": [dataclasses.asdict(r) for r in runs],
-            "pending_at_end": len(kv.pending),
-            "admissions": list(admitter.records),
-            "max_leaving_per_node": kv.max_leaving,
-            "foreign_annotations": list(foreign),
-            "scores": scores_log,
-        }
-    stop.set()
-    admitter.stop()
-    writer.wait(timeout=30)
-    writer.stop()
-    result.update(writes=writer.writes, write_failures=writer.failures)
+    plane = _Plane(args.kubeconfig, args.ca_dir)
+    api = plane.api_client()
+    hardware = Hardware(sc.kubevirt, nodes, vms, sc.seed)
+    actor = Nodes(plane, args.handler_kubeconfig, args.workdir / "nodes", interval=args.interval,
+                  seed=sc.seed, hardware=hardware).start()
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        create_cluster(api, nodes, vms, placement, actor, timeout=240)
+        exporter = Exporter([n.name for n in nodes])
+        exporter_port = exporter.serve()
+        load_rng = Random(f"{sc.seed}:load")
+        overhead = sc.kubevirt.migration_cpu_overhead
+        by_name = {n.name: n for n in nodes}
+        scores_log: list[tuple[int, list[int]]] = []
+        mono0, wall0 = time.monotonic(), time.time()
+        recorder = Recorder(api, NAMESPACE, wall0).start()
+
+        def sample(now: int) -> None:
+            """The load model's sample (same stream, same order as the simulator's engine) on where the VMs are
+            now and which copies run (their extra load on both ends)."""
+            for vm in vms:
+                vm.cpu_load.tick(load_rng, now)
+                vm.memory_load.tick(load_rng, now)
+            with actor.lock:
+                where = dict(actor.vmi_nodes)
+                copies = hardware.copies.active()
+            view = SimpleNamespace(
+                nodes=nodes,
+                vmis=[SimpleNamespace(vm=vm, node=by_name.get(where.get((NAMESPACE, vm.name)), nodes[i]))
+                      for vm, i in zip(vms, placement)],
+                running=[SimpleNamespace(source=by_name[c.source], target=by_name[c.target], copy_start=c.start,
+                                         vmi=SimpleNamespace(vm=c.vm))
+                         for c in copies if c.source in by_name and c.target in by_name])
+            scores_log.append((now, exporter.update(now, node_load(view, now, overhead))))
+
+        (args.workdir / "actor-ready.json").write_text(json.dumps({
+            "wall0": wall0, "exporter_port": exporter_port, "nodes": [n.name for n in nodes], "vms": len(vms)}))
+        log.info("running %s for %.0f s: %d nodes, %d VMs", sc.name, args.duration, len(nodes), len(vms))
+        at = 0
+        while at < args.duration and not stopped.is_set():
+            sample(at)
+            at += sc.sample_interval
+            stopped.wait(max(0.0, mono0 + at - time.monotonic()) if at < args.duration else
+                         max(0.0, mono0 + args.duration - time.monotonic()))
+        recorder.stop()
+        result = {"scenario": sc.name, "duration_s": time.monotonic() - mono0, "wall0": wall0,
+                  "runs": recorder.runs(), "max_leaving_per_node": recorder.max_leaving_per_node,
+                  "scores": scores_log, "actor_errors": actor.errors[:20], "recorder_errors": recorder.errors[:20],
+                  "migrations_seen_by_handler": len(actor.migrations)}
+    finally:
+        actor.stop()
     (args.workdir / "actor-result.json").write_bytes(orjson.dumps(result))
-    log.info("done: %d migrations, %d admissions, %d writes, %d write failures", len(runs), len(admitter.records),
-             writer.writes, len(writer.failures))
+    log.info("done: %d migrations, %d actor errors", len(result["runs"]), len(actor.errors))
     return 0
 
 

@@ -26,7 +26,12 @@ what the three missing components do, each with the identity it has in a cluster
 
 The outcome of each migration comes from ``plans`` (per VMI, one entry per attempt: ``"succeed"``, ``"fail"``
 or ``"hold"``: stays in flight until the entry is changed) and else from ``fail_ratio`` with a seeded random; the
-copy time from ``copy_seconds`` (per VMI, else ``default_copy``). Every migration seen ends up in ``migrations``.
+copy time from ``copy_seconds`` (per VMI, else ``default_copy``). With ``hardware`` (the outcome run: a scenario's
+nodes, NICs and guests, ``physics.Hardware``) the scheduler picks targets as the simulator's scheduler does and
+leaves a target that cannot schedule Pending with ``PodScheduled=False, reason Unschedulable`` (as kube-scheduler
+reports it; virt-controller then times the migration out), the target's start-up takes the scenario's set-up time,
+and each copy's length and end (converged, completion or progress timeout, transient failure) are the scenario's
+physics. Every migration seen ends up in ``migrations``.
 
 It polls (every ``interval``): lists of launcher pods, VMIs and nodes, then each object's next step, one write
 each, as the three components would make them; a conflict is retried on the next pass.
@@ -35,6 +40,7 @@ each, as the three components would make them; a conflict is retried on the next
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -45,6 +51,7 @@ from random import Random
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tests.e2e.actor.physics import Hardware
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
 
 log = logging.getLogger("actor.nodes")
@@ -94,6 +101,7 @@ class Nodes:
     copy_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
     migrations: dict[str, Migration] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    hardware: Hardware | None = None
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -104,6 +112,9 @@ class Nodes:
         self._kubelets: dict[str, client.ApiClient] = {}
         self._exited: dict[tuple[str, str], str] = {}  # pod -> phase its virt-launcher exited with
         self._beats: dict[str, float] = {}  # node -> when its next heartbeat is due (monotonic)
+        self._bound: dict[tuple[str, str], float] = {}  # pod -> when the scheduler bound it (monotonic)
+        self._unschedulable: set[tuple[str, str]] = set()  # target pods reported unschedulable
+        self.vmi_nodes: dict[tuple[str, str], str] = {}  # VMI -> status.nodeName, as of the last pass
         self.admin = self.cp.api_client()
         self.scheduler = _client(self._cert_kubeconfig("system:kube-scheduler", None))
         self.handler = _client(self.handler_kubeconfig)
@@ -157,10 +168,10 @@ class Nodes:
 
     def step(self) -> None:
         core = client.CoreV1Api(self.admin)
-        nodes = {n.metadata.name: n for n in core.list_node().items}
+        nodes = {n.metadata.name: n for n in _items(core.list_node)}
         with self.lock:
             self._label_nodes(nodes)
-            pods = core.list_pod_for_all_namespaces(label_selector=LAUNCHER).items
+            pods = _items(core.list_pod_for_all_namespaces, label_selector=LAUNCHER)
             vmis = client.CustomObjectsApi(self.admin).list_cluster_custom_object(
                 *KUBEVIRT, "virtualmachineinstances")["items"]
             by_vmi = {(v["metadata"]["namespace"], v["metadata"]["name"]): v for v in vmis}
@@ -168,6 +179,11 @@ class Nodes:
                 self._pod(pod, nodes, pods, by_vmi)
             for vmi in vmis:
                 self._vmi(vmi)
+            self.vmi_nodes = {k: v.get("status", {}).get("nodeName", "") for k, v in by_vmi.items()}
+            if self.hardware is not None:  # a copy whose migration is no longer the VMI's: its source stopped it
+                current = {(v.get("status", {}).get("migrationState") or {}).get("migrationUid") for v in vmis}
+                for uid in [u for u in self.hardware.copies.copies if u not in current]:
+                    self.hardware.copies.stop(uid, time.monotonic())
 
     def _label_nodes(self, nodes: dict) -> None:
         """virt-handler's heartbeat (``pkg/virt-handler/heartbeat``): the schedulable label and the heartbeat
@@ -200,8 +216,9 @@ class Nodes:
                 return
             body = client.V1Binding(metadata=client.V1ObjectMeta(name=name),
                                     target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"))
-            self._call(lambda: client.CoreV1Api(self.scheduler).create_namespaced_pod_binding(
-                name, ns, body, _preload_content=False))
+            if self._call(lambda: client.CoreV1Api(self.scheduler).create_namespaced_pod_binding(
+                    name, ns, body, _preload_content=False)):
+                self._bound[(ns, name)] = time.monotonic()
             return
         exited = self._exited.get((ns, name))
         phase = pod.status.phase if pod.status else None
@@ -237,6 +254,18 @@ class Nodes:
         wanted = self.targets.get(key)
         if wanted:
             return wanted if wanted != source else None
+        if self.hardware is not None:
+            requests: dict[str, tuple[float, float]] = {}
+            for p in pods:
+                if p.spec.node_name and p.metadata.deletion_timestamp is None and (
+                        p.status is None or p.status.phase not in ("Succeeded", "Failed")):
+                    cpu, mem = self.hardware.requests((p.metadata.annotations or {}).get("kubevirt.io/domain", ""))
+                    was = requests.get(p.spec.node_name, (0.0, 0.0))
+                    requests[p.spec.node_name] = (was[0] + cpu, was[1] + mem)
+            target = self.hardware.choose(vmi_name, source or "", requests)
+            if target is None:
+                self._report_unschedulable(pod)
+            return target
 
         def usable(n) -> bool:
             ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
@@ -249,6 +278,19 @@ class Nodes:
             if p.spec.node_name in load and (p.status is None or p.status.phase not in ("Succeeded", "Failed")):
                 load[p.spec.node_name] += 1
         return min(load, key=lambda n: (load[n], n)) if load else None
+
+    def _report_unschedulable(self, pod) -> None:
+        """kube-scheduler's answer to a pod no node can take: ``PodScheduled`` False, reason Unschedulable (what
+        virt-controller's pending-target timeout looks for)."""
+        key = (pod.metadata.namespace, pod.metadata.name)
+        if key in self._unschedulable:
+            return
+        status = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                  "message": "0/0 nodes are available: the VM's target cannot be placed.",
+                                  "lastTransitionTime": now_rfc3339()}]}
+        if self._call(lambda: client.CoreV1Api(self.scheduler).patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, {"status": status})):
+            self._unschedulable.add(key)
 
     # -- virt-handler --
 
@@ -279,24 +321,38 @@ class Nodes:
             ms["targetDirectMigrationNodePorts"] = {"49152": 0, "49153": 49152}
             self._update(vmi)
             return
+        hw = self.hardware
         if not ms.get("startTimestamp"):  # the source's virt-handler: libvirt started the migration
-            if self._plan(m) == "hold-start":
+            if hw is not None and time.monotonic() - self._bound.get((ns, ms.get("targetPod") or ""), 0) < hw.setup:
+                return  # the target's virt-launcher is still starting
+            if hw is None and self._plan(m) == "hold-start":
                 return
             ms["startTimestamp"] = now_rfc3339()
             ms["mode"] = "PreCopy"
             if self._update(vmi):
                 m.started = time.monotonic()
+                if hw is not None:
+                    hw.copies.start(uid, hw.vm(name), m.source, m.target, m.started)
             return
         if m.started is None:
             m.started = time.monotonic()
-        plan = self._plan(m)
-        if plan in ("hold", "hold-start") or time.monotonic() - m.started < self.copy_seconds.get((ns, name),
-                                                                                                  self.default_copy):
-            return
+            if hw is not None:
+                hw.copies.start(uid, hw.vm(name), m.source, m.target, m.started)
+        reason = "e2e: the migration failed as the scenario said"
+        if hw is not None:
+            ended = hw.copies.outcome(uid, time.monotonic())
+            if ended is None:
+                return
+            plan = m.plan = "fail" if ended[0] else "succeed"
+            reason = f"e2e: {ended[1]}" if ended[0] else ""
+        else:
+            plan = self._plan(m)
+            if plan in ("hold", "hold-start") or time.monotonic() - m.started < self.copy_seconds.get(
+                    (ns, name), self.default_copy):
+                return
         t = now_rfc3339()
         if plan == "fail":  # the source's virt-handler: libvirt's migration job failed
-            ms.update(endTimestamp=t, failed=True, completed=True,
-                      failureReason="e2e: the migration failed as the scenario said")
+            ms.update(endTimestamp=t, failed=True, completed=True, failureReason=reason)
             target_pod = ms.get("targetPod")
             if self._update(vmi):
                 self._finish(m, "fail", ns, target_pod, "Failed")
@@ -327,6 +383,8 @@ class Nodes:
 
     def _finish(self, m: Migration, result: str, ns: str, pod: str | None, phase: str) -> None:
         m.result = result
+        if self.hardware is not None:
+            self.hardware.copies.stop(m.uid, time.monotonic())
         if pod:  # its virt-launcher exits: kubelet reports the pod completed on the next pass
             self._exited[(ns, pod)] = phase
 
@@ -352,6 +410,36 @@ class Nodes:
     def migrations_of(self, namespace: str, vmi: str) -> list[Migration]:
         with self.lock:
             return [m for m in self.migrations.values() if m.namespace == namespace and m.vmi == vmi]
+
+
+class _View:
+    """An API object as the API server sent it (JSON), read with the typed client's snake_case attribute names
+    (``pod.spec.node_name``); labels and annotations stay plain dicts. The typed client's deserialisation of every
+    launcher pod on every pass took most of the actor's CPU, and so slowed each step of a migration on a busy
+    machine."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, d: dict) -> None:
+        self._d = d
+
+    def __getattr__(self, name: str):
+        first, *rest = name.split("_")
+        value = self._d.get(first + "".join(p.title() for p in rest))
+        return value if name in ("annotations", "labels") else _wrap(value)
+
+
+def _wrap(value):
+    if isinstance(value, dict):
+        return _View(value)
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+def _items(list_fn, **kw) -> list:
+    resp = list_fn(_preload_content=False, **kw)
+    return [_View(o) for o in json.loads(resp.data)["items"]]
 
 
 def _node_ip(node: str, offset: int = 0) -> str:

@@ -25,7 +25,7 @@ from app.sim.metrics import balance, summarize
 from app.sim.scenario import ScenarioError, load_scenario
 from bench.doc import update
 from tests.e2e.controlplane import ROOT, missing_binaries
-from tests.e2e.outcome.figures import KEYS, differs, model_figures
+from tests.e2e.outcome.figures import KEYS, differs, model_figures, retry_window
 from tests.e2e.outcome.run import CYCLE_OFFSET, REAL_MODES, ModeRun, RealMode, aligned_cycles, run_mode
 
 SCENARIO = Path(__file__).with_name("scenario.yaml")
@@ -55,7 +55,8 @@ def model_run(scenario, mode: str, duration: float, draws: int = DRAWS, cycle_ti
     runs = []
     for draw in range(draws):
         d = simulate(scenario, mode, hours=duration / 3600, draw=draw, cycle_times=cycle_times)
-        figures = model_figures(summarize(d), [dataclasses.asdict(r) for r in d.runs], scenario.plugin)
+        figures = model_figures(summarize(d), [dataclasses.asdict(r) for r in d.runs], scenario.plugin,
+                                retry_window(scenario.kubevirt))
         kept = [i for i, t in enumerate(d.sample_times) if t >= balance_from]
         figures.update(balance([d.sample_times[i] for i in kept], [d.node_scores[i] for i in kept], d.duration,
                                d.high))

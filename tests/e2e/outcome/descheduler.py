@@ -2,7 +2,8 @@
 
 Policy: what OpenShift's ``KubeVirtRelieveAndMigrate`` profile sets, as far as upstream v0.36 has it (there is no
 ``KubevirtMigrationAware`` plugin and no soft-tainter upstream): DefaultEvictor with ``noEvictionPolicy:
-Mandatory``; LowNodeUtilization with deviation thresholds on the profile's Prometheus score and
+Mandatory`` and ``evictLocalStoragePods: true`` (the operator's ``kubeVirtRelieveAndMigrateProfile``: a real
+virt-launcher pod has emptyDir volumes, which DefaultEvictor otherwise protects); LowNodeUtilization with deviation thresholds on the profile's Prometheus score and
 ``evictionLimits.node``; ``maxNoOfPodsToEvictPerNode``, ``maxNoOfPodsToEvictTotal``; the nodes labelled
 ``kubevirt.io/schedulable=true``; feature gate ``EvictionsInBackground=true``. The numbers are the scenario's
 ``descheduler`` settings (the profile's: 0/10, node 2, 2 per node, 5 in total), as the simulator reads them.
@@ -56,7 +57,8 @@ def policy(prometheus_url: str, s: DeschedulerSettings) -> dict:
         "profiles": [{
             "name": PROFILE,
             "pluginConfig": [
-                {"name": "DefaultEvictor", "args": {"noEvictionPolicy": "Mandatory"}},
+                # the profile's DefaultEvictor (evictLocalStoragePods: virt-launcher pods carry emptyDir volumes)
+                {"name": "DefaultEvictor", "args": {"noEvictionPolicy": "Mandatory", "evictLocalStoragePods": True}},
                 {"name": "LowNodeUtilization", "args": {
                     "useDeviationThresholds": True,
                     "thresholds": {"MetricResource": s.low}, "targetThresholds": {"MetricResource": s.high},
@@ -81,6 +83,20 @@ def custom_policy(path: Path, prometheus_url: str) -> dict:
         if isinstance(provider, dict) and provider.get("source") == "Prometheus":
             provider.setdefault("prometheus", {})["url"] = prometheus_url
     return doc
+
+
+def protects_local_storage(doc: dict) -> bool:
+    """Whether the policy's DefaultEvictor keeps pods with emptyDir volumes, every virt-launcher pod among them
+    (descheduler v0.36's default ``PodsWithLocalStorage`` protection): such a policy evicts no VM at all."""
+    for profile in doc.get("profiles") or []:
+        for cfg in profile.get("pluginConfig") or []:
+            if cfg.get("name") != "DefaultEvictor":
+                continue
+            args = cfg.get("args") or {}
+            disabled = (args.get("podProtections") or {}).get("defaultDisabled") or []
+            if args.get("evictLocalStoragePods") or "PodsWithLocalStorage" in disabled:
+                return False
+    return True
 
 
 def settings_from_policy(doc: dict, base: DeschedulerSettings) -> DeschedulerSettings:

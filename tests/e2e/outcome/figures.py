@@ -12,9 +12,10 @@ Per mode (issue 19's summary):
   simulator's ``migrations_total``;
 - ``max_leaving_per_node``: the most VMs marked for evacuation from one node at one instant (KubeVirt's model,
   real or simulated, counts it at every mark);
-- ``evictions_during_migration``: evictions that reached KubeVirt's admitter for a VM with a migration queued or
-  running, or already marked (the model's admitter reasons ``kubevirt_evacuation_in_progress`` and
-  ``kubevirt_target_pod``; the real admitter records what it held at each call);
+- ``evictions_during_migration``: evictions that reached KubeVirt's admitter for a VM already marked, or for a
+  migration's target pod (the model's admitter reasons ``kubevirt_evacuation_in_progress`` and
+  ``kubevirt_target_pod``; real: virt-api's own answers in the audit log, ``Evacuation in progress`` and
+  ``Eviction request for target Pod``);
 - ``cooldown_violations``: descheduler-caused evacuations (a new mark, not KubeVirt's retry of a failed attempt)
   that started while the VM was inside the KubevirtMigrationAware plugin's cooldown computed from its whole history
   (``app.policy.effective_cooldown`` with the scenario's ``plugin`` settings: 15m / 6h / 48h scaled like the run);
@@ -32,14 +33,20 @@ from app.policy import effective_cooldown
 from app.policy.model import PolicySettings
 
 BACKGROUND = "Eviction triggered evacuation"
+VIRT_API_HOOK = "virt-launcher-eviction-interceptor.kubevirt.io"  # virt-api's eviction admitter
+DURING_MIGRATION_TEXTS = ("Evacuation in progress", "Eviction request for target Pod")
 KEYS = ("evictions_requested", "evictions_refused", "evictions_background", "migrations", "max_leaving_per_node",
         "evictions_during_migration", "cooldown_violations", "spread_score", "hot_node_seconds", "hot_longest_seconds")
 DURING_MIGRATION = ("kubevirt_evacuation_in_progress", "kubevirt_target_pod")
 
 
-def evacuation_starts(runs: list[dict]) -> list[dict]:
-    """The attempts that started an evacuation: a VM's attempt that is not a retry (the previous attempt of the
-    same VM failed and this one was created when it ended, as KubeVirt's evacuation controller creates retries)."""
+def evacuation_starts(runs: list[dict], retry_window: float = 0) -> list[dict]:
+    """The attempts that started an evacuation: a VM's attempt that is not a retry. A real run's attempts say it
+    (``retry``: the VMI stayed marked since its previous attempt, which failed). The simulator's runs do not: there
+    an attempt is a retry when the previous attempt of the same VM failed and this one was created at most
+    ``retry_window`` seconds later (KubeVirt's evacuation controller creates the retry at its next look at the
+    node: at the latest virt-handler's next heartbeat; a new mark in that time would need the old one cancelled and
+    a new eviction admitted, which the guard's cooldown refuses)."""
     by_vm: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         by_vm[r["vm"]].append(r)
@@ -47,20 +54,24 @@ def evacuation_starts(runs: list[dict]) -> list[dict]:
     for attempts in by_vm.values():
         attempts.sort(key=lambda r: (r["created"], r["start"]))
         for prev, r in zip([None, *attempts], attempts):
-            retry = prev is not None and prev["failed"] and prev["end"] is not None and r["created"] == prev["end"]
+            if "retry" in r:
+                retry = r["retry"]
+            else:
+                retry = (prev is not None and prev["failed"] and prev["end"] is not None
+                         and prev["end"] <= r["created"] <= prev["end"] + retry_window)
             if not retry:
                 starts.append(r)
     return starts
 
 
-def cooldown_violations(runs: list[dict], plugin: PolicySettings) -> list[dict]:
+def cooldown_violations(runs: list[dict], plugin: PolicySettings, retry_window: float = 0) -> list[dict]:
     """Descheduler-caused evacuations that started inside the plugin's cooldown of their VM."""
     history: dict[str, list[dict]] = defaultdict(list)
     for r in runs:  # the plugin counts every endTimestamp of the VMI's migrationState: failed attempts too
         if r["copy_start"] is not None and r["end"] is not None:
             history[r["vm"]].append(r)
     out = []
-    for r in evacuation_starts(runs):
+    for r in evacuation_starts(runs, retry_window):
         if r["cause"] != "descheduler":
             continue
         at = r["created"]
@@ -85,10 +96,11 @@ def classify_answer(code: int, message: str) -> str:
 
 
 def real_figures(audit_answers: list[tuple[int, str]], actor: dict, plugin: PolicySettings) -> dict:
-    """From the descheduler's evictions in the audit log ((code, message) each) and the actor's result."""
+    """From the descheduler's evictions in the audit log ((code, message) each: who answered is in the message,
+    ``admission webhook "NAME" denied the request: ...``) and the actor's record of KubeVirt's VMIMs."""
     kinds = [classify_answer(code, msg) for code, msg in audit_answers]
-    admitted = [a for a in actor["admissions"] if not a["dry_run"] and a["vmi"]]
-    during = [a for a in admitted if a["marked"] or a["migrating"] or a["reason"] in DURING_MIGRATION]
+    admitted = [(code, msg) for code, msg in audit_answers if 200 <= code < 300 or f'"{VIRT_API_HOOK}"' in msg]
+    during = [msg for _, msg in admitted if any(t in msg for t in DURING_MIGRATION_TEXTS)]
     runs = actor["runs"]
     return {
         "evictions_requested": len(kinds),
@@ -104,8 +116,16 @@ def real_figures(audit_answers: list[tuple[int, str]], actor: dict, plugin: Poli
     }
 
 
-def model_figures(summary: dict, runs: list[dict], plugin: PolicySettings) -> dict:
-    """From the simulator's ``summarize`` and its migrations (``series``' list, with ``created`` added)."""
+def retry_window(kubevirt) -> float:
+    """The longest KubeVirt's evacuation controller can take to create a retry after a failed attempt in the
+    simulator: its target exits, then the node's next heartbeat (interval x (1 + jitter))."""
+    interval = getattr(kubevirt, "heartbeat_interval", 60)
+    return interval * (1 + getattr(kubevirt, "heartbeat_jitter", 1.2)) + getattr(kubevirt, "target_exit_seconds", 1) + 1
+
+
+def model_figures(summary: dict, runs: list[dict], plugin: PolicySettings, window: float = 0) -> dict:
+    """From the simulator's ``summarize`` and its migrations (``series``' list, with ``created`` added); ``window``:
+    ``retry_window`` of the scenario's KubeVirt."""
     ev = summary["evictions"]
     outcomes = summary["descheduler_outcomes"]
     reaching = sum(n for reason, n in outcomes.items() if reason.startswith("kubevirt_"))
@@ -116,7 +136,7 @@ def model_figures(summary: dict, runs: list[dict], plugin: PolicySettings) -> di
         "migrations": summary["migrations_total"],
         "max_leaving_per_node": summary["max_leaving_per_node"],
         "evictions_during_migration": sum(outcomes.get(r, 0) for r in DURING_MIGRATION),
-        "cooldown_violations": len(cooldown_violations(runs, plugin)),
+        "cooldown_violations": len(cooldown_violations(runs, plugin, window)),
         "evictions_allowed": ev["allowed"],
         "migrations_failed": summary["failed_migrations"],
         "evictions_reaching_kubevirt": reaching,

@@ -1,10 +1,22 @@
-"""One mode of the outcome run: a fresh control plane, the actor, Prometheus, the real descheduler, and the guard or
-not; then the figures (``figures.py``) from the audit log, the actor's record and the descheduler's own counters.
+"""One mode of the outcome run: a fresh control plane with real KubeVirt (virt-api and virt-controller,
+``tests/e2e/kubevirt.py``), the actor (kubelet, the scheduler's binding and virt-handler with the scenario's
+hardware), Prometheus, the real descheduler, and the guard or not; then the figures (``figures.py``) from the audit
+log, the VMIMs KubeVirt made and the descheduler's own counters.
+
+Real here: kube-apiserver, etcd, the descheduler, Prometheus, virt-api (its eviction admitter marks the VMIs),
+virt-controller (evacuation and migration controllers: VMIM creation, the limits per cluster and per node, the retry
+backoff, the pod annotation, the unschedulable-target timeout, garbage collection), the guard and its canceller
+(through virt-api's ``evacuate/cancel``, with the chart's RBAC). Played by the actor: the scheduler's choice of a
+target, kubelet, virt-handler and the guests (copy time and outcome from the scenario's physics), and the load.
+
+The KubeVirt CR carries the scenario's migration settings (``migration_config``); what KubeVirt takes from no
+setting is a constant in both the real run and the model: the retry backoff (20 s doubling), the unschedulable
+target's timeout (300 s; only a VMIM annotation changes it, and the evacuation controller's VMIMs have none),
+virt-handler's heartbeat (60 s, jittered up to 132 s), the 5 finished VMIMs kept per VMI.
 
 Each mode starts from the same state (the scenario's placement and load, seeded), on its own API server and etcd,
 so nothing of one mode leaks into the other. The descheduler starts ``firstRun`` seconds into the run (the
-simulator's first cycle) and is stopped a moment before the actor ends, so that no eviction arrives while the
-admitter is shutting down.
+simulator's first cycle) and is stopped a moment before the actor ends.
 """
 
 from __future__ import annotations
@@ -17,14 +29,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.sim.guards import parse_mode
 from app.sim.metrics import balance
 from app.sim.scenario import Scenario
 from tests.e2e.controlplane import ROOT, ControlPlane, free_port
 from tests.e2e.guard import GuardProcess, install_chart
+from tests.e2e.kubevirt import KubeVirt
 from tests.e2e.outcome.cycles import check as check_cycles
 from tests.e2e.outcome.cycles import parse as parse_cycles
-from tests.e2e.outcome.descheduler import Descheduler, custom_policy, install_rbac, settings_from_policy
+from tests.e2e.outcome.descheduler import (Descheduler, custom_policy, install_rbac, protects_local_storage,
+                                           settings_from_policy)
 from tests.e2e.outcome.figures import real_figures
 from tests.e2e.outcome.prometheus import SCORE, Prometheus
 
@@ -39,19 +52,10 @@ class RealMode:
     structure_only: bool = False  # the policy names plugins the pinned descheduler lacks: check its own keys only
 
 
-def _guard_model_mode() -> str:
-    """The simulator's mode for the real guard run: the guard with no canceller at work (this control plane does not
-    serve KubeVirt's ``evacuate/cancel``). Simulators whose ``upstream+guard`` runs the canceller call that mode
-    ``upstream+guard-nocancel``."""
-    try:
-        return parse_mode("upstream+guard-nocancel").name
-    except ValueError:
-        return "upstream+guard"
-
-
 REAL_MODES = {
     "descheduler": RealMode(guard=False, model="upstream"),
-    "descheduler+guard": RealMode(guard=True, model=_guard_model_mode()),
+    # the guard with its canceller, which calls real virt-api's evacuate/cancel with the chart's RBAC
+    "descheduler+guard": RealMode(guard=True, model="upstream+guard"),
     # the one-line alternative the guard is compared with: is the simulator's node-limit-1 the real one?
     "descheduler-node-limit-1": RealMode(guard=False, model="node-limit-1", node_limit=1),
 }
@@ -118,6 +122,32 @@ def real_balance(prom: Prometheus, wall0: float, duration: float, sample: int, h
     return balance(times, rows, duration, high), (times[0] if times else 0.0)
 
 
+def migration_config(s) -> dict:
+    """The KubeVirt CR's ``spec.configuration.migrations`` for the scenario's KubeVirt settings (the fields KubeVirt
+    v1.8 has for them: ``MigrationConfiguration`` in kubevirt.io/api/core/v1)."""
+    return {"parallelMigrationsPerCluster": s.parallel_migrations_per_cluster,
+            "parallelOutboundMigrationsPerNode": s.parallel_outbound_migrations_per_node,
+            "completionTimeoutPerGiB": int(s.completion_timeout_per_gib),
+            "progressTimeout": int(s.progress_timeout)}
+
+
+# what KubeVirt v1.8.3 does without being told, and the actor's virt-handler does as KubeVirt's
+CONSTANTS = {"unschedulable_timeout": 300, "backoff_initial": 20, "retained_finished_migrations": 5,
+             "heartbeat_interval": 60, "heartbeat_jitter": 1.2}
+
+
+def unsettable(s) -> list[str]:
+    """The scenario's KubeVirt settings that differ from what KubeVirt does without being told (``CONSTANTS``):
+    a real run cannot follow them, so the scenario must say the constants."""
+    return [f"kubevirt {k}: {getattr(s, k)} (KubeVirt: {v})" for k, v in CONSTANTS.items()
+            if getattr(s, k, v) != v]
+
+
+def feature_gates(s) -> tuple[str, ...]:
+    """The KubeVirt CR's feature gates for the scenario: MigrationPriorityQueue when it asks for the gate-on path."""
+    return ("MigrationPriorityQueue",) if getattr(s, "migration_priority_queue", False) else ()
+
+
 def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, duration: float,
              mode: RealMode | None = None) -> ModeRun:
     t_start = time.monotonic()
@@ -125,25 +155,37 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
     settings = scenario.descheduler if mode.node_limit is None else dataclasses.replace(
         scenario.descheduler, eviction_limit_node=mode.node_limit)
     workdir.mkdir(parents=True, exist_ok=True)
-    cp = ControlPlane(workdir / "control-plane").start()
+    bad = unsettable(scenario.kubevirt)
+    if bad:
+        raise ValueError(f"{scenario.name}: real KubeVirt cannot be told {'; '.join(bad)}")
+    # no kubernetes Service endpoint is reconciled (Kubernetes 1.37 refuses a loopback advertise address for it)
+    cp = ControlPlane(workdir / "control-plane", extra_args=("--endpoint-reconciler-type=none",)).start()
     procs: list = []
     try:
-        cp.install_crds()
+        cp.install_crds(kubevirt=False)
+        kubevirt = KubeVirt(cp, workdir / "kubevirt", migrations=migration_config(scenario.kubevirt),
+                            feature_gates=feature_gates(scenario.kubevirt))
+        procs.append(kubevirt)
+        kubevirt.start()
         sa = install_rbac(cp)
         guard = None
         if mode.guard:
-            inst = install_chart(cp, workdir / "chart", values={"policy": dict(scenario.guard_raw)})
+            inst = install_chart(cp, workdir / "chart", values={"policy": dict(scenario.guard_raw),
+                                                                  "cancelStuckEvacuations": {"enabled": True}})
             guard = GuardProcess(inst).start()
             procs.append(guard)
-        cert, key = cp.ca.issue("virt-api", server=True)
-        (workdir / "admitter.crt").write_bytes(cert)
-        (workdir / "admitter.key").write_bytes(key)
+        ca_dir = workdir / "ca"
+        ca_dir.mkdir(exist_ok=True)
+        (ca_dir / "ca.crt").write_bytes(cp.ca.pem)
+        (ca_dir / "ca.key").write_bytes(cp.ca.key_pem)
+        (ca_dir / "ca.key").chmod(0o600)
         actor_log = workdir / "actor.log"
         actor = subprocess.Popen(
             [sys.executable, "-m", "tests.e2e.actor", "--scenario", str(scenario_path),
-             "--kubeconfig", str(cp.admin_kubeconfig), "--workdir", str(workdir), "--duration", str(duration),
-             "--cert", str(workdir / "admitter.crt"), "--key", str(workdir / "admitter.key"), "--ca", str(cp.ca_path)],
+             "--kubeconfig", str(cp.admin_kubeconfig), "--handler-kubeconfig", str(kubevirt.handler_kubeconfig),
+             "--ca-dir", str(ca_dir), "--workdir", str(workdir), "--duration", str(duration)],
             cwd=ROOT, stdout=actor_log.open("wb"), stderr=subprocess.STDOUT)
+        procs.append(_Child(actor))
         ready = _wait_ready(actor, workdir / "actor-ready.json", actor_log)
         prom = Prometheus(workdir / "prometheus", free_port(), ready["exporter_port"])
         procs.append(prom)
@@ -174,15 +216,17 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         user = f"system:serviceaccount:kube-system:{sa}"
         figures = {**real_figures(_audit_answers(cp, user), result, scenario.plugin), **balanced}
         notes = []
+        if policy_doc is not None and protects_local_storage(policy_doc):
+            notes.append("the policy's DefaultEvictor protects pods with local storage: virt-launcher pods have "
+                         "emptyDir volumes, so it evicts no VM (the KubeVirt profile sets evictLocalStoragePods)")
         forbidden = _forbidden(cp, user)
         if forbidden:
             notes.append(f"the descheduler's chart RBAC refused {len(forbidden)} of its requests: {forbidden[:3]}")
-        if result["write_failures"]:
-            failed = result["write_failures"]
-            notes.append(f"{len(failed)} of the actor's writes failed: {failed[:3]}")
-        if result["foreign_annotations"]:
-            notes.append(f"eviction-in-progress found on {len(result['foreign_annotations'])} pod(s) whose VMI was not "
-                         f"marked (removed again): {result['foreign_annotations'][:3]}")
+        if result["actor_errors"]:
+            notes.append(f"{len(result['actor_errors'])} of the actor's writes failed: {result['actor_errors'][:3]}")
+        for p in (kubevirt.api, kubevirt.controller):
+            if p is not None and not p.alive():
+                notes.append(f"{p.name} exited early: {p.tail(5)}")
         return ModeRun(name, figures, counted, guard_reasons, score_check, notes, cycles, cycle_check,
                        time.monotonic() - t_start, mode.model, balance_from)
     finally:
@@ -191,7 +235,22 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         cp.stop()
 
 
-def _wait_ready(proc: subprocess.Popen, path: Path, log: Path, timeout: float = 180) -> dict:
+class _Child:
+    """The actor's process, stopped with the others if the mode ends early."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _wait_ready(proc: subprocess.Popen, path: Path, log: Path, timeout: float = 360) -> dict:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
