@@ -215,6 +215,54 @@ def migration_duration(memory: float, dirty_rate: float, bandwidth: float, s: Ku
     return s.setup_seconds + math.ceil(min(stall, timeout) - EPS), True
 
 
+# ---- the copy on a shared NIC, step by step: the simulator's migrations and the e2e actor's copies both use these.
+# ``c`` is anything with ``share``, ``remaining``, ``first_pass``, ``stalled_since`` and ``updated``.
+
+def transient_failure_at(vm: VM, network: float, now: float, rng: random.Random) -> float:
+    """When a transient failure strikes a copy that starts at ``now``: a seeded point of its nominal length."""
+    nominal = vm.memory / max(network - vm.dirty_rate, network / 4)
+    return now + max(1, int(nominal * rng.uniform(0.1, 1.0)))
+
+
+def advance_copy(c, dirty_rate: float, now: float) -> None:
+    """Bring a copy up to ``now`` at its current share: with share B above the dirty rate D the memory left shrinks
+    at B - D; otherwise the first pass makes progress and then nothing does (``stalled_since``)."""
+    dt = now - c.updated
+    if dt <= 0:
+        return
+    b, d = c.share, dirty_rate
+    if b > d:
+        c.remaining -= (b - d) * dt
+        c.first_pass = max(0.0, c.first_pass - b * dt)
+        c.stalled_since = None
+    elif c.first_pass > 0:
+        sent = min(c.first_pass, b * dt)
+        c.first_pass -= sent
+        if c.first_pass <= EPS:
+            c.first_pass = 0.0
+            c.stalled_since = c.updated + (sent / b if b > 0 else 0.0)
+    elif c.stalled_since is None:
+        c.stalled_since = c.updated
+    c.updated = now
+
+
+def copy_end(c, copy_start: float, vm: VM, fail_at: float | None, s: KubeVirtSettings, now: float) -> tuple[float, str]:
+    """(when the copy ends at its current share, why: "" for success, else the abort's cause)."""
+    b, d = c.share, vm.dirty_rate
+    candidates = [(copy_start + s.completion_timeout_per_gib * vm.memory, "completion-timeout")]
+    if b > d:
+        candidates.append((now + max(0.0, c.remaining) / (b - d), ""))
+    elif c.first_pass > 0:
+        candidates.append((now + c.first_pass / b + s.progress_timeout if b > 0 else now + s.progress_timeout,
+                           "no-progress"))
+    else:
+        candidates.append(((c.stalled_since if c.stalled_since is not None else now) + s.progress_timeout,
+                           "no-progress"))
+    if fail_at is not None:
+        candidates.append((fail_at, "transient"))
+    return min(candidates, key=lambda x: (x[0], x[1] == ""))
+
+
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the API server's generateName alphabet (apimachinery's rand.String)
 
 
@@ -620,8 +668,7 @@ class KubeVirt:
         m.remaining = m.first_pass = vmi.vm.memory
         vmi.migration = m
         if self.rng.random() < self.failure_probability(vmi.vm, source):
-            nominal = vmi.vm.memory / max(self.network(source) - vmi.vm.dirty_rate, self.network(source) / 4)
-            m.fail_at = now + max(1, int(nominal * self.rng.uniform(0.1, 1.0)))
+            m.fail_at = transient_failure_at(vmi.vm, self.network(source), now, self.rng)
         self.copying[source.name].append(m)
         self._reshare(source, now)
         self.vmim_updated(m, now)
@@ -630,23 +677,7 @@ class KubeVirt:
     # ---- the copy: a fluid model on the source node's shared NIC -------------
 
     def _advance(self, m: Migration, now: float) -> None:
-        dt = now - m.updated
-        if dt <= 0:
-            return
-        b, d = m.share, m.vmi.vm.dirty_rate
-        if b > d:
-            m.remaining -= (b - d) * dt
-            m.first_pass = max(0.0, m.first_pass - b * dt)
-            m.stalled_since = None
-        elif m.first_pass > 0:
-            sent = min(m.first_pass, b * dt)
-            m.first_pass -= sent
-            if m.first_pass <= EPS:
-                m.first_pass = 0.0
-                m.stalled_since = m.updated + (sent / b if b > 0 else 0.0)
-        elif m.stalled_since is None:
-            m.stalled_since = m.updated
-        m.updated = now
+        advance_copy(m, m.vmi.vm.dirty_rate, now)
 
     def _reshare(self, source: Node, now: int) -> None:
         """The source NIC is split evenly among the node's copying migrations: bring each
@@ -663,21 +694,8 @@ class KubeVirt:
             self._plan(m, now)
 
     def _plan(self, m: Migration, now: int) -> None:
-        s, vm = self.s, m.vmi.vm
         assert m.copy_start is not None
-        b, d = m.share, vm.dirty_rate
-        candidates = [(m.copy_start + s.completion_timeout_per_gib * vm.memory, "completion-timeout")]
-        if b > d:
-            candidates.append((now + max(0.0, m.remaining) / (b - d), ""))
-        elif m.first_pass > 0:
-            candidates.append((now + m.first_pass / b + s.progress_timeout if b > 0 else now + s.progress_timeout,
-                               "no-progress"))
-        else:
-            candidates.append(((m.stalled_since if m.stalled_since is not None else now) + s.progress_timeout,
-                               "no-progress"))
-        if m.fail_at is not None:
-            candidates.append((m.fail_at, "transient"))
-        at, why = min(candidates, key=lambda c: (c[0], c[1] == ""))
+        at, why = copy_end(m, m.copy_start, m.vmi.vm, m.fail_at, self.s, now)
         m.version += 1
         self.schedule(max(now, math.ceil(at - EPS)), self._end_event, (m, m.version, why))
 

@@ -2,8 +2,8 @@
 takes and how it ends. Nothing here is KubeVirt's control logic (which migration starts when, retries, limits,
 marks: real virt-controller decides those); it is what the nodes, NICs and guests of the scenario would do.
 
-The same physics as the simulator's (``app.sim.kubevirt``), restated here because the simulator keeps its copy on
-the NIC inside its KubeVirt model:
+The same physics as the simulator's: the copy's steps are ``app.sim.kubevirt``'s (``advance_copy``, ``copy_end``,
+``transient_failure_at``); this module holds the copies under way and the scheduler's pick:
 
 - the scheduler's pick (``choose_target``): a node that fits the VM's memory request, not the source, the least
   allocated (cpu and memory requests) first, ties at random; a VM whose target never schedules (affinity, devices)
@@ -23,10 +23,9 @@ import math
 from dataclasses import dataclass
 from random import Random
 
+from app.sim.kubevirt import advance_copy, copy_end, transient_failure_at
 from app.sim.model import VM, Node
 from app.sim.scenario import KubeVirtSettings
-
-EPS = 1e-9
 
 
 def choose_target(vm: VM, source: str, nodes: list[Node], requests: dict[str, tuple[float, float]],
@@ -89,9 +88,7 @@ class Copies:
     def start(self, uid: str, vm: VM, source: str, target: str, now: float) -> None:
         c = Copy(vm, source, target, now, vm.memory, vm.memory, now)
         if self.rng.random() < self.failure_probability(vm, source):
-            net = self.network(source)
-            nominal = vm.memory / max(net - vm.dirty_rate, net / 4)
-            c.fail_at = now + max(1, int(nominal * self.rng.uniform(0.1, 1.0)))
+            c.fail_at = transient_failure_at(vm, self.network(source), now, self.rng)
         self.copies[uid] = c
         self._reshare(source, now)
 
@@ -110,50 +107,18 @@ class Copies:
     def active(self) -> list[Copy]:
         return list(self.copies.values())
 
-    def _advance(self, c: Copy, now: float) -> None:
-        dt = now - c.updated
-        if dt <= 0:
-            return
-        b, d = c.share, c.vm.dirty_rate
-        if b > d:
-            c.remaining -= (b - d) * dt
-            c.first_pass = max(0.0, c.first_pass - b * dt)
-            c.stalled_since = None
-        elif c.first_pass > 0:
-            sent = min(c.first_pass, b * dt)
-            c.first_pass -= sent
-            if c.first_pass <= EPS:
-                c.first_pass = 0.0
-                c.stalled_since = c.updated + (sent / b if b > 0 else 0.0)
-        elif c.stalled_since is None:
-            c.stalled_since = c.updated
-        c.updated = now
-
     def _reshare(self, source: str, now: float) -> None:
         active = [c for c in self.copies.values() if c.source == source]
         if not active:
             return
         share = self.network(source) / len(active)
         for c in active:
-            self._advance(c, now)
+            advance_copy(c, c.vm.dirty_rate, now)
             c.share = share
             self._plan(c, now)
 
     def _plan(self, c: Copy, now: float) -> None:
-        s, vm = self.s, c.vm
-        b, d = c.share, vm.dirty_rate
-        candidates = [(c.start + s.completion_timeout_per_gib * vm.memory, "completion-timeout")]
-        if b > d:
-            candidates.append((now + max(0.0, c.remaining) / (b - d), ""))
-        elif c.first_pass > 0:
-            candidates.append((now + c.first_pass / b + s.progress_timeout if b > 0 else now + s.progress_timeout,
-                               "no-progress"))
-        else:
-            candidates.append(((c.stalled_since if c.stalled_since is not None else now) + s.progress_timeout,
-                               "no-progress"))
-        if c.fail_at is not None:
-            candidates.append((c.fail_at, "transient"))
-        c.end_at, c.why = min(candidates, key=lambda x: (x[0], x[1] == ""))
+        c.end_at, c.why = copy_end(c, c.start, c.vm, c.fail_at, self.s, now)
 
 
 class Hardware:
