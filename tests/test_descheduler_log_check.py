@@ -62,3 +62,41 @@ def test_the_log_agrees_with_the_models_limits_and_a_wrong_limit_is_caught():
     assert "over maxNoOfPodsToEvictPerNode with the in-flight entries" in wrong["inconsistent"][0]["problems"]
     # a node that stopped at the pod evictor's limit below it: the model would have sent another
     assert check(parse(LOG), dataclasses.replace(LIMITS, max_per_node=3))["inconsistent_count"] == 1
+
+
+# From an outcome run (descheduler v0.36, evictionLimits.node 2, maxNoOfPodsToEvictPerNode 2): app-08's migration
+# ended in the second the cycle began; the informer removed its pod from the cache 11 ms into the cycle, before the
+# pod evictor read the cache for the first eviction.
+MID_CYCLE = """\
+I1126 13:49:32.119004   12189 descheduler.go:235] Resetting pod evictor counters
+I1126 13:49:32.120975   12189 nodeutilization.go:193] "Evicting pods from node" node="worker-00" usage={"MetricResource":"21"}
+I1126 13:49:32.120979   12189 nodeutilization.go:200] "Pods on node" node="worker-00" allPods=12 nonRemovablePods=0 removablePods=12
+I1126 13:49:32.153081   12189 evictions.go:641] "Eviction in background assumed" pod="vms/virt-launcher-app-08-xkp2t"
+I1126 13:49:32.208357   12189 evictions.go:641] "Eviction in background assumed" pod="vms/virt-launcher-app-31-5bfkc"
+I1126 13:49:32.208408   12189 nodeutilization.go:278] "Max number of evictions per node per plugin reached" limit=2
+I1126 13:49:41.545376   12189 evictions.go:333] "Pod with eviction in background completed. Removing pod from the cache." pod="vms/virt-launcher-app-31-5bfkc"
+I1126 13:49:42.119116   12189 descheduler.go:235] Resetting pod evictor counters
+I1126 13:49:42.120640   12189 nodeutilization.go:193] "Evicting pods from node" node="worker-00" usage={"MetricResource":"22"}
+I1126 13:49:42.120643   12189 nodeutilization.go:200] "Pods on node" node="worker-00" allPods=11 nonRemovablePods=0 removablePods=11
+{removal}I1126 13:49:42.140000   12189 evictions.go:357] "Eviction in background detected. Updating the cache." pod="vms/virt-launcher-app-28-jmrbq"
+I1126 13:49:42.154247   12189 evictions.go:641] "Eviction in background assumed" pod="vms/virt-launcher-app-28-jmrbq"
+I1126 13:49:42.206827   12189 evictions.go:641] "Eviction in background assumed" pod="vms/virt-launcher-app-11-w4t4m"
+I1126 13:49:42.206878   12189 nodeutilization.go:278] "Max number of evictions per node per plugin reached" limit=2
+{late}"""
+REMOVAL = ('I1126 13:49:42.130332   12189 evictions.go:333] "Pod with eviction in background completed. Removing pod '
+           'from the cache." pod="vms/virt-launcher-app-08-xkp2t"\n')
+
+
+def test_the_cache_is_read_at_each_eviction_not_at_the_cycles_start():
+    limits = DeschedulerSettings(eviction_limit_node=2, max_per_node=2, max_total=5)
+    # the in-flight entry went 11 ms into the cycle: both evictions were within the limit when they were sent (the
+    # informer's entry of the cycle's own pod, seen before its answer, is not another pod in flight)
+    cycles = parse(MID_CYCLE.replace("{removal}", REMOVAL).replace("{late}", ""))
+    checked = check(cycles, limits)
+    assert checked["inconsistent_count"] == 0
+    assert checked["changed_mid_cycle"] == 1
+    assert [c.blocks[0].node_at_send for c in cycles] == [[0, 1], [0, 1]]
+    # the same entry gone only after the cycle: the second eviction broke the per-node limit
+    wrong = check(parse(MID_CYCLE.replace("{removal}", "").replace("{late}", REMOVAL)), limits)
+    assert wrong["inconsistent_count"] == 1
+    assert wrong["inconsistent"][0]["problems"] == ["over maxNoOfPodsToEvictPerNode with the in-flight entries"]

@@ -74,9 +74,12 @@ class Recorder:
         return None if s is None else s - math.floor(self.wall0)
 
     def step(self) -> None:
-        vmis = self.custom.list_namespaced_custom_object(*KUBEVIRT, self.ns, "virtualmachineinstances")["items"]
+        # the VMIMs first: virt-api marks a VMI (and its eviction source) before virt-controller creates its VMIM, so
+        # VMIs read after the VMIMs carry the mark of every VMIM seen; read before, a VMIM created between the two
+        # reads would be taken for a drain's
         vmims = self.custom.list_namespaced_custom_object(*KUBEVIRT, self.ns,
                                                           "virtualmachineinstancemigrations")["items"]
+        vmis = self.custom.list_namespaced_custom_object(*KUBEVIRT, self.ns, "virtualmachineinstances")["items"]
         by_name = {}
         for v in vmis:
             name = v["metadata"]["name"]

@@ -159,7 +159,9 @@ def docs_section(result: dict, command: str) -> str:
             f"`{m}` {c['consistent']} of {c['node_visits']} visits of an overutilised node in {c['cycles']} cycles"
             for m, c in result["cycle_check"].items())
         + " started, skipped and stopped exactly as the simulator's descheduler would have in the same state "
-        "(limits, in-flight entries; `tests/e2e/outcome/cycles.py`).",
+        "(limits, the in-flight entries at each eviction; `tests/e2e/outcome/cycles.py`); in "
+        + ", ".join(f"{c.get('changed_mid_cycle', 0)}" for c in result["cycle_check"].values())
+        + " of those visits an in-flight entry on the node came or went while the cycle ran.",
         "",
         END,
     ])
