@@ -6,7 +6,10 @@
 # wheels only: nothing is compiled) and the project's wheel, installed by the build environment's pip.
 set -eu
 cd "$1"
-export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+# pip caches its downloads only where the caller names a cache (make image: one outside this build stage, which is
+# thrown away); the Dockerfile's build caches nothing.
+[ -n "${PIP_CACHE_DIR:-}" ] || export PIP_NO_CACHE_DIR=1
 python3 -m venv /opt/build
 /opt/build/bin/pip install -q --require-hashes --no-deps --only-binary=:all: -r build-constraints.txt
 /opt/build/bin/pip wheel -q --no-build-isolation --no-deps --wheel-dir /tmp/wheels .

@@ -9,6 +9,9 @@
 # per recipe and sources: when they are unchanged (build/image/key), nothing is rebuilt. `image/build.sh --key` prints
 # that key (a hash of every input: image/ with its package lists and scripts, app/, pyproject.toml, README.md and the
 # pins) and builds nothing.
+# Across checkouts, a per-user cache (IMAGE_CACHE, default ${XDG_CACHE_HOME:-~/.cache}/kubevirt-eviction-guard/image)
+# keeps the downloaded .debs, pip's downloads and the finished archives by key: a fresh clone whose key is there
+# copies that archive instead of building one.
 # Needs root (chroot), mmdebstrap and umoci (Debian packages; installed here when missing) and network access to the
 # Debian mirror and the Python package index.
 set -euo pipefail
@@ -24,16 +27,35 @@ if [ "${1:-}" = --key ]; then echo "$key"; exit 0; fi
 mkdir -p "$OUT"
 exec 9>"$OUT/.lock"
 flock 9  # one build at a time: a second caller waits, then finds the archive up to date
+# how the archive in $OUT came to be (built, or reused from the cache), said again while it is up to date
 if [ -f "$archive" ] && [ "$(cat "$OUT/key" 2>/dev/null)" = "$key" ]; then
-  echo "image: $archive up to date (key $key), $(du -m "$archive" | cut -f1) MB"
+  echo "image: $archive up to date (key $key; $(cat "$OUT/made" 2>/dev/null || echo "made before")), $(du -m "$archive" | cut -f1) MB"
   exit 0
 fi
+rm -f "$OUT/key" "$OUT/made"
+CACHE=${IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-eviction-guard/image}
+mkdir -p "$CACHE/debs" "$CACHE/pip" "$CACHE/archives"
+CACHE=$(cd "$CACHE" && pwd)
+exec 8>"$CACHE/.lock"
+flock 8  # checkouts share the cache: one build at a time writes it (always taken after $OUT's lock)
+cached="$CACHE/archives/$key.oci.tar"
+# an archive counts only with its checksum beside it, both renamed into place after they were written whole
+if [ -f "$cached" ] && [ -f "$cached.sha256" ] &&
+   [ "$(sha256sum < "$cached" | cut -d' ' -f1)" = "$(cat "$cached.sha256")" ]; then
+  cp "$cached" "$archive.tmp" && mv "$archive.tmp" "$archive"
+  touch "$cached"
+  echo "reused from cache $CACHE" > "$OUT/made"
+  echo "$key" > "$OUT/key"
+  echo "image: $archive reused from cache (key $key), $(du -m "$archive" | cut -f1) MB"
+  exit 0
+fi
+if [ -f "$cached" ]; then echo "image: $cached does not match its checksum; building anew" >&2; fi
+rm -f "$cached" "$cached.sha256"
 if ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -q --no-install-recommends mmdebstrap umoci >/dev/null 2>&1 || {
     apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends mmdebstrap umoci >/dev/null; }
 fi
-mkdir -p "$OUT"
 work=$(mktemp -d "$OUT/work.XXXXXX")
 trap 'rm -rf --one-file-system "$work"' EXIT
 src=$(pwd)
@@ -44,9 +66,8 @@ sources=("deb http://deb.debian.org/debian $SUITE main" "deb http://deb.debian.o
 slim=()
 for d in doc info linda lintian/overrides locale man groff; do slim+=("--dpkgopt=path-exclude=/usr/share/$d/*"); done
 slim+=("--dpkgopt=path-include=/usr/share/doc/*/copyright")
-# Downloaded .debs are kept in $OUT/debs for the next build (mmdebstrap's documented cache hooks).
-debs="$(pwd)/$OUT/debs"
-mkdir -p "$debs"
+# Downloaded .debs are kept in the cache for the next build (mmdebstrap's documented cache hooks).
+debs="$CACHE/debs"
 mm() {
   mmdebstrap --quiet --mode=root --variant=minbase --format=directory "${slim[@]}" --skip=download/empty \
     --setup-hook='mkdir -p "$1/var/cache/apt/archives"' --setup-hook="sync-in '$debs' /var/cache/apt/archives" \
@@ -63,7 +84,9 @@ mm --include="$(list image/packages.build)" \
   --customize-hook="mkdir -p \"\$1/src\" && tar -C '$src' -c pyproject.toml README.md constraints.txt build-constraints.txt app image | tar -C \"\$1/src\" -x" \
   --customize-hook='cp /etc/resolv.conf "$1/etc/resolv.conf"' \
   --customize-hook="cp '$host_ca' \"\$1/etc/ssl/certs/ca-certificates.crt\"" \
-  --customize-hook='env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CERT chroot "$1" sh /src/image/build-venv.sh /src'
+  --customize-hook="mkdir -p \"\$1/var/cache/guard-pip\" && cp -a '$CACHE/pip/.' \"\$1/var/cache/guard-pip/\"" \
+  --customize-hook='env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CERT -u PIP_NO_CACHE_DIR PIP_CACHE_DIR=/var/cache/guard-pip chroot "$1" sh /src/image/build-venv.sh /src' \
+  --customize-hook="cp -a \"\$1/var/cache/guard-pip/.\" '$CACHE/pip/'"
 
 
 target="$work/rootfs"
@@ -97,7 +120,13 @@ umoci config --image "$layout:$TAG" "${cfg[@]}" \
   --config.label org.opencontainers.image.licenses=Apache-2.0
 umoci gc --layout "$layout"
 tar -C "$layout" -cf "$archive.tmp" . && mv "$archive.tmp" "$archive"
+took=$(( $(date +%s) - start ))
+echo "built in $took s" > "$OUT/made"
 echo "$key" > "$OUT/key"
+cp "$archive" "$cached.tmp" && sha256sum < "$cached.tmp" | cut -d' ' -f1 > "$cached.sha256.tmp"
+mv "$cached.tmp" "$cached" && mv "$cached.sha256.tmp" "$cached.sha256"
+# the cache keeps the three archives used last
+ls -t "$CACHE"/archives/*.oci.tar | tail -n +4 | while read -r old; do rm -f "$old" "$old.sha256"; done
 echo "image: $archive (tag $TAG), $(du -m "$archive" | cut -f1) MB compressed," \
   "$(du -sm "$work/bundle/rootfs" | cut -f1) MB unpacked, user $(sed -n 's/^USER=//p' image/config)," \
-  "built in $(( $(date +%s) - start )) s"
+  "built in $took s (key $key)"
