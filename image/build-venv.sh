@@ -6,11 +6,19 @@
 # wheels only: nothing is compiled) and the project's wheel, installed by the build environment's pip.
 set -eu
 cd "$1"
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-# pip caches its downloads only where the caller names a cache (make image: one outside this build stage, which is
-# thrown away); the Dockerfile's build caches nothing.
-[ -n "${PIP_CACHE_DIR:-}" ] || export PIP_NO_CACHE_DIR=1
+export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 python3 -m venv /opt/build
+# Where the caller keeps the pinned wheels between builds in WHEELHOUSE (make image: a folder from outside this build
+# stage, which is thrown away), pip fetches only those missing there (no index at all when none is) and installs from
+# there alone, their hashes checked as from the index; the Dockerfile's build keeps nothing.
+if [ -n "${WHEELHOUSE:-}" ]; then
+  for pins in build-constraints.txt constraints.txt; do
+    /opt/build/bin/pip download -q --require-hashes --no-deps --only-binary=:all: --no-index \
+      --find-links "$WHEELHOUSE" -d "$WHEELHOUSE" -r "$pins" >/dev/null 2>&1 ||
+      /opt/build/bin/pip download -q --require-hashes --no-deps --only-binary=:all: -d "$WHEELHOUSE" -r "$pins"
+  done
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE"
+fi
 /opt/build/bin/pip install -q --require-hashes --no-deps --only-binary=:all: -r build-constraints.txt
 /opt/build/bin/pip wheel -q --no-build-isolation --no-deps --wheel-dir /tmp/wheels .
 python3 -m venv --without-pip /opt/guard

@@ -10,8 +10,8 @@
 # that key (a hash of every input: image/ with its package lists and scripts, app/, pyproject.toml, README.md and the
 # pins) and builds nothing.
 # Across checkouts, a per-user cache (IMAGE_CACHE, default ${XDG_CACHE_HOME:-~/.cache}/kubevirt-eviction-guard/image)
-# keeps the downloaded .debs, pip's downloads and the finished archives by key: a fresh clone whose key is there
-# copies that archive instead of building one.
+# keeps the downloaded .debs, the pinned wheels pip fetched and the finished archives by key: a fresh clone whose key
+# is there copies that archive instead of building one.
 # Needs root (chroot), mmdebstrap and umoci (Debian packages; installed here when missing) and network access to the
 # Debian mirror and the Python package index.
 set -euo pipefail
@@ -29,12 +29,13 @@ exec 9>"$OUT/.lock"
 flock 9  # one build at a time: a second caller waits, then finds the archive up to date
 # how the archive in $OUT came to be (built, or reused from the cache), said again while it is up to date
 if [ -f "$archive" ] && [ "$(cat "$OUT/key" 2>/dev/null)" = "$key" ]; then
-  echo "image: $archive up to date (key $key; $(cat "$OUT/made" 2>/dev/null || echo "made before")), $(du -m "$archive" | cut -f1) MB"
+  made=$(cat "$OUT/made" 2>/dev/null || echo "made before")
+  echo "image: $archive up to date (key $key; $made), $(du -m "$archive" | cut -f1) MB"
   exit 0
 fi
 rm -f "$OUT/key" "$OUT/made"
 CACHE=${IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-eviction-guard/image}
-mkdir -p "$CACHE/debs" "$CACHE/pip" "$CACHE/archives"
+mkdir -p "$CACHE/debs" "$CACHE/wheels" "$CACHE/archives"
 CACHE=$(cd "$CACHE" && pwd)
 exec 8>"$CACHE/.lock"
 flock 8  # checkouts share the cache: one build at a time writes it (always taken after $OUT's lock)
@@ -84,9 +85,9 @@ mm --include="$(list image/packages.build)" \
   --customize-hook="mkdir -p \"\$1/src\" && tar -C '$src' -c pyproject.toml README.md constraints.txt build-constraints.txt app image | tar -C \"\$1/src\" -x" \
   --customize-hook='cp /etc/resolv.conf "$1/etc/resolv.conf"' \
   --customize-hook="cp '$host_ca' \"\$1/etc/ssl/certs/ca-certificates.crt\"" \
-  --customize-hook="mkdir -p \"\$1/var/cache/guard-pip\" && cp -a '$CACHE/pip/.' \"\$1/var/cache/guard-pip/\"" \
-  --customize-hook='env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CERT -u PIP_NO_CACHE_DIR PIP_CACHE_DIR=/var/cache/guard-pip chroot "$1" sh /src/image/build-venv.sh /src' \
-  --customize-hook="cp -a \"\$1/var/cache/guard-pip/.\" '$CACHE/pip/'"
+  --customize-hook="mkdir -p \"\$1/var/cache/wheels\" && cp -a '$CACHE/wheels/.' \"\$1/var/cache/wheels/\"" \
+  --customize-hook='env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CERT WHEELHOUSE=/var/cache/wheels chroot "$1" sh /src/image/build-venv.sh /src' \
+  --customize-hook="cp -a \"\$1/var/cache/wheels/.\" '$CACHE/wheels/'"
 
 
 target="$work/rootfs"

@@ -75,10 +75,15 @@ def image(request: pytest.FixtureRequest) -> dict:
     out = subprocess.run(["bash", str(ROOT / "image" / "build.sh")], capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     entry, config, members = oci_image(IMAGE_ARCHIVE)
+    key = subprocess.run(["bash", str(ROOT / "image" / "build.sh"), "--key"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
     info = {"tag": entry["annotations"]["org.opencontainers.image.ref.name"], "config": config["config"],
             "members": members, "dpkg": config.get("_dpkg_status", ""),
             "size_mb": round(IMAGE_ARCHIVE.stat().st_size / 2**20, 1),
-            "unpacked_mb": round(sum(m.size for m in members) / 2**20, 1), "build": out.stdout.strip().splitlines()[-1]}
+            "unpacked_mb": round(sum(m.size for m in members) / 2**20, 1), "build": out.stdout.strip().splitlines()[-1],
+            "key": key, "archive_key": (IMAGE_ARCHIVE.parent / "key").read_text().strip(),
+            # built here, or copied from the per-user cache by its key (image/build.sh writes which)
+            "made": (IMAGE_ARCHIVE.parent / "made").read_text().strip()}
     line = (f"image: {IMAGE_ARCHIVE} {info['size_mb']} MB ({info['unpacked_mb']} MB unpacked), "
             f"user {config['config']['User']}")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
@@ -94,6 +99,9 @@ def image(request: pytest.FixtureRequest) -> dict:
 @pytest.mark.check("image built")
 def test_image_built_by_the_recipe(image, detail):
     config = image["config"]
+    # the archive checked is the one of this tree's inputs, whether built now or reused from the cache
+    assert image["archive_key"] == image["key"], image
+    assert image["made"].startswith(("built in ", "reused from cache ")), image["made"]
     recipe = dict(line.split("=", 1) for line in (ROOT / "image" / "config").read_text().splitlines()
                   if line and not line.startswith("#") and not line.startswith(("ENV=", "EXPOSE=")))
     assert config["User"] == recipe["USER"] == "10001:10001"
@@ -112,7 +120,7 @@ def test_image_built_by_the_recipe(image, detail):
     detail["detail"] = (f"make image: {IMAGE_ARCHIVE.name} tag {image['tag']}, {image['size_mb']} MB "
                         f"({image['unpacked_mb']} MB unpacked, {len(installed)} Debian packages), user "
                         f"{config['User']}, entrypoint {' '.join(config['Entrypoint'])}, no pip/setuptools/ensurepip; "
-                        f"{image['build']}")
+                        f"key {image['key']}, {image['made']}")
     assert passwd.size > 0
 
 
