@@ -45,6 +45,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.e2e.controlplane import BIN, ROOT, ControlPlane, _Process, free_port, write_kubeconfig
@@ -187,10 +188,12 @@ def process_start(pid: int) -> str | None:
         return None
 
 
-def _kill_cgroup(cgroup_name: str, extra: set[int] = frozenset()) -> None:
-    """SIGKILL to every process in the test's cgroups (and ``extra``), until none is left; then the cgroups go."""
+def _kill_cgroup(cgroup_name: str, others: Callable[[], set[int]] = set, reap: Callable[[], None] = lambda: None
+                 ) -> None:
+    """SIGKILL to every process in the test's cgroups and in ``others()``, until none is left (``reap`` after each
+    round waits for this process's own children among them); then the cgroups go."""
     for _ in range(50):
-        pids = _cgroup_pids(cgroup_name) | {p for p in extra if process_start(p) is not None}
+        pids = _cgroup_pids(cgroup_name) | others()
         if not pids:
             break
         for pid in pids:
@@ -198,6 +201,7 @@ def _kill_cgroup(cgroup_name: str, extra: set[int] = frozenset()) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        reap()
         time.sleep(0.2)
     for h in _cgroup_hierarchies():
         root = h / cgroup_name
@@ -234,7 +238,7 @@ def reap_stale_nodes(records: Path = NODES_DIR) -> list[dict]:
             continue  # its session is still running
         holder = {rec["holder"]} if rec.get("holder") and process_start(rec["holder"]) == rec.get("holder_start") \
             else set()
-        _kill_cgroup(rec["cgroup"], holder)
+        _kill_cgroup(rec["cgroup"], lambda: {p for p in holder if process_start(p) is not None})
         subprocess.run(["ip", "netns", "del", rec["netns"]], capture_output=True)
         subprocess.run(["ip", "link", "del", rec["host_if"]], capture_output=True)
         shutil.rmtree(rec["workdir"], ignore_errors=True)
@@ -531,30 +535,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
         for p in self.processes:
             if p.name == "containerd":
                 p.stop(timeout=20)
-        # whatever is left in the test's cgroups (shims, containers, the holder), by PID
-        for _ in range(50):
-            pids = self.cgroup_pids() | {int(p.split()[0]) for p in (self._in_mount_ns() if self.mount_ns else [])}
-            if self.holder is not None and self.holder.poll() is None:
-                pids.add(self.holder.pid)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if self.holder is not None:
-                try:
-                    self.holder.wait(0.1)
-                except subprocess.TimeoutExpired:
-                    pass
-            time.sleep(0.2)
-        for h in _cgroup_hierarchies():
-            root = h / self.cgroup_name
-            if root.exists():
-                for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                    _rmdir(d)
-                _rmdir(root)
+        # whatever is left in the test's cgroups (shims, containers), its mount namespace and the holder, by PID
+        _kill_cgroup(self.cgroup_name, self._namespace_pids, self._reap_holder)
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
         self.record.unlink(missing_ok=True)
@@ -582,6 +564,20 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.restart", "io.containerd.tracing.
                 continue
             out.append(e)
         return out
+
+    def _namespace_pids(self) -> set[int]:
+        """The processes in the node's mount namespace and the namespace holder, while it runs."""
+        pids = {int(p.split()[0]) for p in (self._in_mount_ns() if self.mount_ns else [])}
+        if self.holder is not None and self.holder.poll() is None:
+            pids.add(self.holder.pid)
+        return pids
+
+    def _reap_holder(self) -> None:
+        if self.holder is not None:
+            try:
+                self.holder.wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
 
     def _in_mount_ns(self) -> list[str]:
         """Processes still in the node's mount namespace (whatever their cgroup)."""
