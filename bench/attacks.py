@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 import yaml
@@ -280,24 +281,31 @@ def raise_fd_limit(want: int) -> None:
 # ---- the attacks --------------------------------------------------------------------------------------------
 
 
-def flood_headers(guard: Guard, total: int = 16 * MiB, port: int | None = None) -> dict:
-    """One connection sending ``total`` bytes of ``a:b`` headers as fast as it can."""
-    s = connect(guard, port, timeout=30)
-    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: guard\r\n")
-    chunk = b"a:b\r\n" * (65536 // 5)
+def send_then_read(s: socket.socket, chunk: bytes, total: int, end: bytes = b"") -> tuple[int, bool, str]:
+    """Send ``chunk`` over ``s`` until ``total`` bytes went, then ``end``, or until the guard stops taking them; then
+    read its answer (30 s at most) and close. Returns the bytes of chunks sent, whether sending failed, and the
+    answer's first line ("" for none)."""
     sent, refused, answer = 0, False, b""
     try:
         while sent < total:
             s.sendall(chunk)
             sent += len(chunk)
-        s.sendall(b"\r\n")
+        if end:
+            s.sendall(end)
     except OSError:
         refused = True
     s.settimeout(30)
     with contextlib.suppress(OSError):
         answer = s.recv(200)
     s.close()
-    line = answer.partition(b"\r\n")[0].decode("latin-1")
+    return sent, refused, answer.partition(b"\r\n")[0].decode("latin-1")
+
+
+def flood_headers(guard: Guard, total: int = 16 * MiB, port: int | None = None) -> dict:
+    """One connection sending ``total`` bytes of ``a:b`` headers as fast as it can."""
+    s = connect(guard, port, timeout=30)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: guard\r\n")
+    sent, refused, line = send_then_read(s, b"a:b\r\n" * (65536 // 5), total, end=b"\r\n")
     return {"sent_mib": round(sent / MiB, 1), "answer": line or ("connection closed" if refused else "none"),
             "refused": refused or line.split(" ")[1:2] in (["431"], ["400"])}
 
@@ -504,20 +512,8 @@ def endless_trailer(guard: Guard, total: int = 64 * MiB) -> dict:
     s = connect(guard, timeout=30)
     s.sendall(b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
               b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: ")
-    chunk = b"a" * 65536
-    sent, refused, answer = 0, False, b""
     started = time.monotonic()
-    try:
-        while sent < total:
-            s.sendall(chunk)
-            sent += len(chunk)
-    except OSError:
-        refused = True
-    s.settimeout(30)
-    with contextlib.suppress(OSError):
-        answer = s.recv(200)
-    s.close()
-    line = answer.partition(b"\r\n")[0].decode("latin-1")
+    sent, refused, line = send_then_read(s, b"a" * 65536, total)
     return {"sent_mib": round(sent / MiB, 2), "answer": line or ("connection closed" if refused else "none"),
             "refused": refused or bool(line), "held_s": round(time.monotonic() - started, 1)}
 
@@ -572,6 +568,19 @@ def flood_snapshot(n: int = FLOOD_VMS) -> dict:
     return {"kind": "List", "items": items}
 
 
+def post_review(s: socket.socket, f: BinaryIO, body: bytes) -> bytes:
+    """POST one review to ``/validate`` on the keep-alive connection ``s`` (read through ``f``, its file); the
+    answer's body."""
+    s.sendall(b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    f.readline()
+    length = 0
+    while (line := f.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return f.read(length)
+
+
 def event_flood(guard: Guard, n: int = FLOOD_VMS) -> dict:
     """Forged descheduler reviews of ``n`` distinct VMs, each denied (marked for evacuation): one Event series
     and one annotation job each, on keep-alive connections; then what the guard dropped, by kind."""
@@ -581,14 +590,7 @@ def event_flood(guard: Guard, n: int = FLOOD_VMS) -> dict:
     with contextlib.closing(connect(guard, timeout=10)) as s:
         f = s.makefile("rb")
         for body in bodies:
-            s.sendall(b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
-            f.readline()
-            length = 0
-            while (line := f.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            denied += b'"allowed":false' in f.read(length)
+            denied += b'"allowed":false' in post_review(s, f, body)
     time.sleep(3.0)
     m = scrape(guard)
     dropped = {k.split('kind="')[1].rstrip('"}'): v for k, v in m.items()
@@ -622,14 +624,7 @@ def reread_amplification(guard: Guard, api, n: int = 2000) -> dict:
         with contextlib.closing(connect(guard, timeout=10)) as s:
             f = s.makefile("rb")
             for _ in range(count):
-                s.sendall(b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
-                f.readline()
-                length = 0
-                while (line := f.readline()) not in (b"\r\n", b""):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                ok = b'"allowed":true' in f.read(length)
+                ok = b'"allowed":true' in post_review(s, f, body)
                 with lock:
                     allowed += ok
 
@@ -769,7 +764,7 @@ def checkout(ref: str) -> Iterator[Path]:
 
 def _cell(name: str, r: dict) -> str:
     grow = f"+{r['rss_growth_mib']:g} MiB"
-    if name.startswith("headers"):
+    if name.startswith("headers") or name == "endless_trailer":
         what = f"{r['answer']} after {r['sent_mib']:g} MiB sent" if r["refused"] else f"all {r['sent_mib']:g} MiB taken, {r['answer']}"
     elif name == "idle_metrics":
         fmt = lambda s: f"closed after {s:g} s" if s is not None else f"open after {r['waited_s']:g} s"  # noqa: E731
@@ -789,9 +784,6 @@ def _cell(name: str, r: dict) -> str:
         what = f"open connections counted 2 s later: {r['open_after_2s']:g}; closes for capacity: {r['capacity_closes']:g}"
         if name == "websocket_upgrade":
             what = f"answers {r['answers']}; {what}"
-    elif name == "endless_trailer":
-        what = (f"{r['answer']} after {r['sent_mib']:g} MiB sent" if r["refused"]
-                else f"all {r['sent_mib']:g} MiB taken, {r['answer']}")
     elif name == "event_flood":
         what = f"{r['denied']:,} denied; dropped by kind: {r['dropped'] or 'none'}"
     elif name == "reread_amplification":
