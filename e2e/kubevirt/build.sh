@@ -8,19 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${E2E_BIN:-build/e2e/bin}
 BINARIES=(virt-api virt-controller kubevirt-manifests)
-key=$(cat e2e/kubevirt/go.mod e2e/kubevirt/go.sum e2e/kubevirt/manifests/main.go e2e/kubevirt/build.sh | sha256sum | cut -c1-16)
+source e2e/lib.sh
+key=$(build_key e2e/kubevirt/go.mod e2e/kubevirt/go.sum e2e/kubevirt/manifests/main.go e2e/kubevirt/build.sh)
 
-cached=1
-for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || cached=0; done
-if [ "$cached" = 1 ] && [ "$(cat "$BIN/.kubevirt-key" 2>/dev/null)" = "$key" ]; then
+if up_to_date .kubevirt-key "$key" "${BINARIES[@]}"; then
   echo "e2e: KubeVirt binaries up to date in $BIN (key $key)"
   exit 0
 fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "e2e: 'go' not found: make e2e builds KubeVirt's virt-api and virt-controller with Go 1.26+" >&2
-  exit 2
-fi
-export GOFLAGS="-mod=readonly -trimpath" GOSUMDB=off GOTOOLCHAIN="${GOTOOLCHAIN:-local}" CGO_ENABLED=0
+go_env "e2e: 'go' not found: make e2e builds KubeVirt's virt-api and virt-controller with Go 1.26+"
 cd e2e/kubevirt
 KUBEVIRT=$(go list -m -f '{{.Version}}' kubevirt.io/kubevirt)
 # the commit of the release tag, as the module proxy recorded it
@@ -31,8 +26,8 @@ mkdir -p "$BIN"
 abs_bin=$(cd "$BIN" && pwd)
 start=$(date +%s)
 v=kubevirt.io/client-go/version
-ldflags="-s -w -X $v.gitVersion=$KUBEVIRT -X $v.gitCommit=${COMMIT:-unknown} -X $v.gitTreeState=clean -X $v.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-(cd e2e/kubevirt && go build -o "$abs_bin/" -ldflags "$ldflags" kubevirt.io/kubevirt/cmd/virt-api kubevirt.io/kubevirt/cmd/virt-controller)
-(cd e2e/kubevirt && go build -o "$abs_bin/kubevirt-manifests" -ldflags "$ldflags" ./manifests)
+ldflags="-X $v.gitVersion=$KUBEVIRT -X $v.gitCommit=${COMMIT:-unknown} -X $v.gitTreeState=clean -X $v.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+go_build e2e/kubevirt "$abs_bin/" "$ldflags" kubevirt.io/kubevirt/cmd/virt-api kubevirt.io/kubevirt/cmd/virt-controller
+go_build e2e/kubevirt "$abs_bin/kubevirt-manifests" "$ldflags" ./manifests
 echo "$key" > "$BIN/.kubevirt-key"
 echo "e2e: KubeVirt build took $(( $(date +%s) - start )) s"
