@@ -24,7 +24,7 @@ DESCHEDULER=$(version sigs.k8s.io/descheduler)
 HELM=$(version helm.sh/helm/v4)
 HELM3=$(version helm.sh/helm/v3)
 DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-echo "e2e: building kubernetes $K8S, etcd $ETCD, descheduler $DESCHEDULER, helm $HELM and $HELM3 into $BIN (cold: about 15-25 min on 2 cores)"
+echo "e2e: building kubernetes $K8S, etcd $ETCD, descheduler $DESCHEDULER, helm $HELM and $HELM3 into $BIN (cold: about 10 min on 2 idle cores, much longer on a busy machine)"
 mkdir -p "$BIN"
 abs_bin=$(cd "$BIN" && pwd)
 start=$(date +%s)
