@@ -313,6 +313,8 @@ class ControlPlane:
             "--allow-privileged=true",
             "--audit-policy-file", str(self.dir / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
             "--audit-log-format", "json", "--audit-log-mode", "blocking",
+            # never rotated (the default rotates at 100 MB, which a session's floods reach): the checks read it all
+            "--audit-log-maxsize", "1000000",
             "--shutdown-watch-termination-grace-period", "2s",
             "--proxy-client-cert-file", str(self.dir / "front-proxy-client.crt"),
             "--proxy-client-key-file", str(self.dir / "front-proxy-client.key"),
@@ -450,8 +452,8 @@ class ControlPlane:
         with self._audit_lock:
             try:
                 with self.audit_log.open("rb") as f:
-                    if f.seek(0, os.SEEK_END) < self._audit_offset:  # a new file (rotated): start again
-                        self._audit_offset, self._audit_by_id = 0, {}
+                    if f.seek(0, os.SEEK_END) < self._audit_offset:
+                        raise AssertionError(f"{self.audit_log} shrank: rotated, and the events in between are lost")
                     f.seek(self._audit_offset)
                     data = f.read()
             except FileNotFoundError:

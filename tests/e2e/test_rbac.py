@@ -152,16 +152,17 @@ def exercise_every_call(cluster, guard) -> str:
                 and e["objectRef"].get("subresource", "") == sub and e["objectRef"].get("namespace") == ns
                 and (name is None or e["objectRef"].get("name") == name)]
 
-    # The second denial only after the Event exists: one arriving while the first flush still waits in the queue
-    # is counted into that create, and no patch would ever be sent.
+    # The second denial only after the denial's Event exists: one arriving while the first flush still waits in the
+    # queue is counted into that create, and no patch would ever be sent. (The canceller's Event is another create.)
     code, _ = cluster.evict(ns, marked.pod_name)
     assert code == 429
-    eventually(lambda: made("create", "events", None), 20, "the Event create")
+    created = eventually(lambda: [e for e in made("create", "events", None)
+                                  if e["objectRef"].get("name", "").startswith("marked.")], 20, "the denial's Event")
     code, _ = cluster.evict(ns, marked.pod_name)
     assert code == 429
     eventually(lambda: made("patch", "virtualmachineinstances", "moved"), 20, "the history annotation patch")
     eventually(lambda: made("patch", "pods", marked.pod_name), 20, "the eviction-in-progress patch")
-    eventually(lambda: made("patch", "events", None), 20, "the Event aggregation patch")
+    eventually(lambda: made("patch", "events", created[0]["objectRef"]["name"]), 20, "the Event aggregation patch")
     eventually(lambda: made("update", "virtualmachineinstances", "stuck", "evacuate"), 20, "the evacuate/cancel PUT")
     assert EVICTION_IN_PROGRESS in cluster.objects.get_pod(ns, marked.pod_name)["metadata"]["annotations"]
     return ns
