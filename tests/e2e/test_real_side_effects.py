@@ -34,10 +34,6 @@ def guard_writes(kv, verb: str, resource: str, namespace: str, name: str | None 
             and e["objectRef"].get("namespace") == namespace and (name is None or e["objectRef"].get("name") == name)]
 
 
-def events_of(kv, namespace: str, vmi: str, reason: str) -> list:
-    return kv.events(namespace, vmi, reason)
-
-
 @pytest.mark.check("event")
 def test_events_from_a_real_evacuation_and_the_cooldown_after_it(kv, detail):
     ns = kv.cluster.fresh_namespace("real-events")
@@ -49,7 +45,7 @@ def test_events_from_a_real_evacuation_and_the_cooldown_after_it(kv, detail):
     code, _, audit = evict(kv, ns, kv.source_pod(ns, "vm").metadata.name)
     assert code == 429 and guard_reason(kv, audit) == "allowed"
     # written once the guard's watch shows the migration virt-api's mark started, never on the review's word
-    (allowed,) = wait_for(lambda: events_of(kv, ns, "vm", "EvictionAllowed"), 30, "the EvictionAllowed Event")
+    (allowed,) = wait_for(lambda: kv.events(ns, "vm", "EvictionAllowed"), 30, "the EvictionAllowed Event")
     assert allowed.type == "Normal" and allowed.count == 1 and allowed.message.startswith("Eviction of pod ")
     assert allowed.involved_object.uid == vmi["metadata"]["uid"]
     wait_for(lambda: kv.vmi(ns, "vm")["status"].get("nodeName") == b and kv.source_pod(ns, "vm"), 60,
@@ -59,7 +55,7 @@ def test_events_from_a_real_evacuation_and_the_cooldown_after_it(kv, detail):
     for _ in range(3):
         code, body, audit = evict(kv, ns, pod)
         assert code == 429 and guard_reason(kv, audit) == "cooldown", body
-    event = wait_for(lambda: [e for e in events_of(kv, ns, "vm", "EvictionBlocked") if e.count == 3], 20,
+    event = wait_for(lambda: [e for e in kv.events(ns, "vm", "EvictionBlocked") if e.count == 3], 20,
                      "the EvictionBlocked Event's count to reach 3")[0]
     assert event.type == "Warning" and event.involved_object.kind == "VirtualMachineInstance"
     assert event.source.component == "kubevirt-eviction-guard"
