@@ -7,6 +7,7 @@ repository self-contained (no path outside it, no machine's paths) and the user 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,7 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
     for page in DOCS.glob("*.md"):
         (copy / "docs" / page.name).write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
     (copy / "mkdocs.yml").write_text((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), encoding="utf-8")
+    shutil.copytree(ROOT / "tools", copy / "tools")  # the build's hook
     with (copy / "docs" / "testing.md").open("a", encoding="utf-8") as f:
         f.write("\nSee [nowhere](design.md#no-such-section).\n")
     run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
