@@ -3,11 +3,21 @@ saying so (tools/figures.py computes it; nothing fails)."""
 
 from __future__ import annotations
 
+import logging
+import subprocess
+
 from tools import figures
+
+log = logging.getLogger("mkdocs.hooks.figures")
 
 
 def on_page_markdown(markdown: str, page, **_) -> str:
-    for st in figures.staleness():
+    try:
+        stale = figures.staleness()
+    except (subprocess.CalledProcessError, OSError) as e:  # not a git checkout: nothing to compare against
+        log.info("figures: staleness not computed (%s)", e)
+        return markdown
+    for st in stale:
         section = figures.SECTIONS[st.name]
         if page.file.src_uri != section.doc.removeprefix("docs/"):
             continue
