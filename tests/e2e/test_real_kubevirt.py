@@ -310,10 +310,10 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     kv.nodes.plans[(ns, "vm")] = ["hold-start"]
     kv.cluster.sync()
     code, body, audit = evict(kv, ns, kv.source_pod(ns, "vm").metadata.name, descheduler=False)
-    assert code == 429 and guard_reason(kv, audit) == "allowed", body
+    assert code == 429 and guard_reason(kv, audit) == "allowed", (code, body, audit.get("annotations"))
     marked = kv.vmi(ns, "vm")
-    assert marked["status"]["evacuationNodeName"] == a and EVICTION_SOURCE not in (
-        marked["metadata"].get("annotations") or {}), marked["metadata"].get("annotations")
+    assert marked["status"].get("evacuationNodeName") == a and EVICTION_SOURCE not in (
+        marked["metadata"].get("annotations") or {}), (marked["status"], marked["metadata"].get("annotations"))
     kv.cluster.sync()
     passes = g.metric("kubevirt_eviction_guard_background_passes_total", loop="canceller")
     wait_for(lambda: g.metric("kubevirt_eviction_guard_background_passes_total", loop="canceller") >= passes + 2,
