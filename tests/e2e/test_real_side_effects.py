@@ -125,12 +125,12 @@ def race(kv, guard: GuardProcess) -> dict[str, float]:
     answers = []
     for node, first, second in pairs:
         code, body = c.evict(ns, pods[first], descheduler=True)
-        assert code == 429 and "Eviction triggered evacuation" in body.get("message", ""), (guard.name, first, code, body)
+        assert code == 429 and "Eviction triggered evacuation" in body.get("message", ""), (guard.dir.name, first, code, body)
         answers.append((node, second, *c.evict(ns, pods[second], descheduler=True)))
     reads = {k: v - reads_before.get(k, 0) for k, v in leaver_reads(guard).items()}
     refused = [a for a in answers if a[2] == 429 and a[3].get("message", "").startswith(
         f'admission webhook "{hook}" denied the request: node "') and "already has 1 VM(s) leaving" in a[3]["message"]]
-    got = (f"guard {guard.name}: answers to the second evictions not refused node_busy "
+    got = (f"guard {guard.dir.name}: answers to the second evictions not refused node_busy "
            f"{[(n, s, code, body.get('message')) for n, s, code, body in answers if (n, s, code, body) not in refused]}; "
            f"its reads before an allow meanwhile {reads}; its log on them {read_warnings(guard)}")
     assert len(refused) == TRIALS, got
