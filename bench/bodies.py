@@ -1,10 +1,9 @@
 """AdmissionReview eviction bodies, as the API server sends them, aimed at the synthetic cluster.
 
-Each body is one of the recorded fixtures (``tests/fixtures/admission``: plain
-kubectl evictions, the descheduler's, dry runs, v1beta1, mutating and
-validating copies) with the pod, namespace and uid rewritten. Which pods are
-evicted is weighted so that the mix crosses the whole decision table; which
-decisions it produced is read back from the guard's own metrics.
+Each body is one of the recorded fixtures (``tests/fixtures/admission``: plain kubectl evictions, the
+descheduler's, dry runs, v1beta1, mutating and validating copies) with the pod, namespace and uid rewritten.
+Which pods are evicted, by which requests, and how many distinct bodies there are is the mix's
+(``bench.mixes``); which decisions they produced is read back from the guard's own metrics.
 """
 
 from __future__ import annotations
@@ -17,40 +16,10 @@ from pathlib import Path
 
 import orjson
 
+from bench.mixes import MIXES, SIZE, Mix
 from bench.state import Targets
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "admission"
-
-# which pods are evicted: group in bench.state.Targets -> weight
-POD_MIX = {
-    "never_migrated": 24,  # quiet node: allowed
-    "recently_migrated": 24,  # quiet node: cooldown or allowed
-    "busy_node": 12,  # node budget (descheduler) or allowed (others)
-    "in_flight_source": 10,  # rule 6
-    "migration_target": 5,  # rule 5
-    "evacuation_pending": 5,  # rule 7
-    "cordoned_node": 5,  # drain: allowed
-    "not_a_launcher": 8,  # rule 3
-    "vmi_gone": 3,  # rule 4
-    "unknown_pod": 3,  # rule 3
-}
-# who evicts, as the recorded requests: fixture stem -> weight
-REQUEST_MIX = {
-    "eviction-requested-by-descheduler.validating": 30,
-    "eviction-requested-by-descheduler.mutating": 15,
-    "eviction-from-descheduler-PodEvictor-a-evacuate-fake.validating": 8,
-    "eviction-from-descheduler-PodEvictor-c-allow-fake.validating": 7,
-    "eviction-plain.validating": 12,
-    "eviction-plain.mutating": 6,
-    "eviction-plain.validating.admissionreview-v1beta1": 3,
-    "eviction-grace-and-user.validating": 5,
-    "eviction-grace-and-user.mutating": 3,
-    "eviction-dryrun-query.validating": 3,
-    "eviction-deleteoptions-dryrun.validating": 2,
-    "eviction-dryrun-query.mutating": 1,
-    "eviction-deleteoptions-dryrun.mutating": 1,
-}
-NOT_AN_EVICTION_SHARE = 0.01  # a DELETE of a pod routed here by a too-wide registration
 
 
 @dataclass(frozen=True)
@@ -59,14 +28,10 @@ class Body:
     body: bytes
 
 
-def load_fixtures() -> dict[str, dict]:
+def load_fixtures(stems) -> dict[str, dict]:
     if not FIXTURES.is_dir():
         raise FileNotFoundError(f"{FIXTURES}: the recorded AdmissionReviews (tests/fixtures/admission) are missing")
-    out = {}
-    for stem in REQUEST_MIX:
-        f = FIXTURES / f"{stem}.json"
-        out[stem] = orjson.loads(f.read_bytes())
-    return out
+    return {stem: orjson.loads((FIXTURES / f"{stem}.json").read_bytes()) for stem in stems}
 
 
 def _aim(review: dict, namespace: str, pod: str, uid: str) -> dict:
@@ -79,20 +44,21 @@ def _aim(review: dict, namespace: str, pod: str, uid: str) -> dict:
     return doc
 
 
-def build_bodies(targets: Targets, count: int, seed: int = 6) -> list[Body]:
+def build_bodies(targets: Targets, count: int | None = None, seed: int = 6, mix: Mix = MIXES["fixtures"]) -> list[Body]:
+    """``count`` bodies (the mix's own number when None) of ``mix`` aimed at ``targets``."""
     rng = random.Random(seed)
-    fixtures = load_fixtures()
-    groups = [g for g in POD_MIX if targets.groups.get(g)]
-    weights = [POD_MIX[g] for g in groups]
-    stems = list(REQUEST_MIX)
-    stem_weights = [REQUEST_MIX[s] for s in stems]
+    fixtures = load_fixtures(mix.requests)
+    groups = [g for g in mix.pods if targets.groups.get(g)]
+    weights = [len(targets.groups[g]) if mix.pods[g] == SIZE else float(mix.pods[g]) for g in groups]
+    stems = list(mix.requests)
+    stem_weights = [mix.requests[s] for s in stems]
     out = []
-    for _ in range(count):
+    for _ in range(mix.bodies if count is None else count):
         group = rng.choices(groups, weights)[0]
         namespace, pod = rng.choice(targets.groups[group])
         stem = rng.choices(stems, stem_weights)[0]
         doc = _aim(fixtures[stem], namespace, pod, str(uuid.UUID(int=rng.getrandbits(128), version=4)))
-        if rng.random() < NOT_AN_EVICTION_SHARE:
+        if mix.not_an_eviction and rng.random() < mix.not_an_eviction:
             doc["request"].update(operation="DELETE", subResource="")
         path = "/mutate" if ".mutating" in stem else "/validate"
         out.append(Body(path=path, body=orjson.dumps(doc)))

@@ -1,31 +1,35 @@
-"""``make bench``: the guard next to a plain uvicorn + FastAPI endpoint, under the same load.
+"""``make bench``: the guard next to a plain uvicorn + FastAPI endpoint, under the same load, for each request mix.
 
 Steps (each bounded in time):
   1. build a synthetic cluster (``bench.state``) and write it as a ``--snapshot``
-     file, and the eviction bodies aimed at it (``bench.bodies``), in a temp dir;
-  2. time ``policy.decide`` alone on that state (``bench.decide``, own process);
+     file, and for each mix (``bench.mixes``: what clusters send, each named) the
+     eviction bodies aimed at it (``bench.bodies``), in a temp dir;
+  2. time ``policy.decide`` alone on that state per mix, and write the policy's
+     answer to every body, for the baseline (``bench.decide``, own process);
   3. start the real guard (``python -m app serve``, TLS with certificates from
      ``app.tls.issue_certs``, the snapshot, production defaults: info logs, side
      effects on), the baseline (``bench.plain``: what a user would compare
      against, a plain FastAPI route served by plain ``uvicorn --ssl-*`` with its
-     defaults), and two references on the guard's own ``serve`` (``bench.baseline``:
+     defaults, answering each review as the guard does: the same bytes out), and two references on the guard's own ``serve`` (``bench.baseline``:
      "stack", a bare FastAPI route answering a constant; ``bench.floor``: the
      guard's bare ASGI endpoint answering it), each with its output read
      through a pipe into a file, as a container runtime would;
-  4. per round, for each load phase (saturation, then each fixed rate), run the
-     guard and the baseline one after the other (alternating who goes first;
-     the two references at saturation only):
+  4. per mix, per round, for each load phase (saturation, then each fixed rate),
+     run the guard and the baseline one after the other (alternating who goes
+     first; the two references at saturation and in the first mix only: they
+     answer a constant whatever the mix):
      saturation with wrk (C, closed loop) when it is installed, else the Python
      generator in closed loop; fixed rates with the Python open-loop generator
      (``bench.loadgen``: latency from the intended send time);
-  5. read the guard's decision mix from its /metrics, both servers' RSS, and
+  5. read the guard's decisions per mix from its /metrics, the servers' RSS, and
      the CPU each process used (server CPU per request is the figure least
      disturbed by other work on the machine; the generator's CPU share shows
      whether it, rather than the server, was the limit);
   6. print the table and write everything to ``bench/results/bench-<time>.json``
      (and ``latest.json``).
 
-    python -m bench.run [--vmis 100000] [--rounds 6] [--duration 3] [--rates 500,1000] [--profile]
+    python -m bench.run [--vmis 100000] [--mixes fixtures,descheduler,outcome] [--rounds 6] [--duration 3]
+                        [--rates 500,1000] [--profile] [--guard-arg=--no-side-effects]
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ import orjson
 from app.tls import issue_certs, write_certs
 from bench.bodies import build_bodies, write_bodies
 from bench.loadgen import percentiles
+from bench.mixes import DEFAULT as DEFAULT_MIXES
+from bench.mixes import MIXES
 from bench.state import NOW_TEXT, build_state, write_snapshot
 
 HERE = Path(__file__).resolve().parent
@@ -91,6 +97,7 @@ class Server:
     argv: list[str]
     log_path: Path
     port: int
+    env: dict[str, str] | None = None
     proc: subprocess.Popen | None = None
     started_s: float = 0.0
     _drain: threading.Thread | None = field(default=None, repr=False)
@@ -98,7 +105,7 @@ class Server:
     def start(self) -> None:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env={**os.environ, **(self.env or {})})
         self._drain = threading.Thread(target=self._copy_output, daemon=True)
         self._drain.start()
         self._t0 = t0
@@ -247,28 +254,34 @@ def prepare(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], dict]
     state = build_state(args.vmis, seed=args.seed)
     snapshot = tmp / "snapshot.json"
     size = write_snapshot(state, snapshot)
-    bodies = tmp / "bodies.tsv"
-    write_bodies(build_bodies(state.targets, args.bodies, seed=args.seed), bodies)
-    info = {"objects": state.counts, "snapshot_mb": size / 1e6, "bodies": args.bodies,
-            "build_s": time.perf_counter() - t0}
+    files = {"ca": paths["ca"], "cert": paths["cert"], "key": paths["key"], "snapshot": snapshot, "tmp": tmp,
+             "answers": tmp / "answers.json"}
+    info: dict = {"objects": state.counts, "snapshot_mb": size / 1e6, "bodies": {}}
+    for i, name in enumerate(args.mixes):
+        bodies = build_bodies(state.targets, args.bodies, seed=args.seed + i, mix=MIXES[name])
+        files[f"bodies:{name}"] = tmp / f"bodies-{name}.tsv"
+        write_bodies(bodies, files[f"bodies:{name}"])
+        info["bodies"][name] = len(bodies)
+    info["build_s"] = time.perf_counter() - t0
     del state
-    return {"ca": paths["ca"], "cert": paths["cert"], "key": paths["key"], "snapshot": snapshot,
-            "bodies": bodies, "tmp": tmp}, info
+    return files, info
 
 
-def measure_decide(files: dict[str, Path], timeout: float) -> dict:
-    argv = [sys.executable, "-m", "bench.decide", "--snapshot", str(files["snapshot"]), "--bodies", str(files["bodies"]),
-            "--now", NOW_TEXT]
+def measure_decide(files: dict[str, Path], mixes: list[str], timeout: float) -> dict[str, dict]:
+    """Per mix: ``policy.decide`` alone; and every body's answer written to ``files["answers"]`` for the baseline."""
+    argv = [sys.executable, "-m", "bench.decide", "--snapshot", str(files["snapshot"]), "--now", NOW_TEXT,
+            "--answers", str(files["answers"]), "--bodies", *(str(files[f"bodies:{m}"]) for m in mixes)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if out.returncode != 0:
         raise BenchError(f"bench.decide failed: {out.stderr.strip()[-2000:]}")
-    return orjson.loads(out.stdout.strip().splitlines()[-1])
+    return dict(zip(mixes, orjson.loads(out.stdout.strip().splitlines()[-1]), strict=True))
 
 
-def serve_argv(module: str, files: dict[str, Path], port: int, quiet: bool = False) -> list[str]:
+def serve_argv(module: str, files: dict[str, Path], port: int, quiet: bool = False,
+               extra: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", module, "--log-format", "json", "--log-level", "warning" if quiet else "info", "serve",
             "--host", HOST, "--port", str(port), "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]),
-            "--snapshot", str(files["snapshot"]), "--now", NOW_TEXT]
+            "--snapshot", str(files["snapshot"]), "--now", NOW_TEXT, *extra]
 
 
 def plain_argv(files: dict[str, Path], port: int, quiet: bool = False) -> list[str]:
@@ -279,18 +292,33 @@ def plain_argv(files: dict[str, Path], port: int, quiet: bool = False) -> list[s
             *(["--no-access-log"] if quiet else [])]
 
 
-def check_answers(ctx: ssl.SSLContext, guard: Server, constant: list[Server], files: dict[str, Path]) -> None:
-    """All answer an AdmissionReview, and the references really answer their constant."""
-    path, _, body = files["bodies"].read_bytes().splitlines()[0].partition(b"\t")
-    uid = orjson.loads(body)["request"]["uid"]
-    for server, want in ((guard, uid), *((s, "baseline") for s in constant)):
+def check_answers(ctx: ssl.SSLContext, guard: Server, baseline: Server, constant: list[Server], bodies: Path,
+                  sample: int = 20) -> None:
+    """The guard and the baseline answer the same reviews the same way (uid, allowed, status; checked on the
+    mix's first ``sample`` bodies), and the references really answer their constant."""
+    lines = bodies.read_bytes().splitlines()
+    for line in lines[:sample]:
+        path, _, body = line.partition(b"\t")
+        uid = orjson.loads(body)["request"]["uid"]
+        answers = []
+        for server in (guard, baseline):
+            status, answer = request(ctx, server.port, "POST", path.decode(), body)
+            response = orjson.loads(answer).get("response", {}) if status == 200 else {}
+            answers.append((status, response.get("uid"), response.get("allowed"),
+                            (response.get("status") or {}).get("code")))
+        if answers[0] != answers[1] or answers[0][1] != uid:
+            raise BenchError(f"guard and baseline answered review {uid} differently (status, uid, allowed, code): "
+                             f"{answers[0]} and {answers[1]}")
+    path, _, body = lines[0].partition(b"\t")
+    for server in constant:
         status, answer = request(ctx, server.port, "POST", path.decode(), body)
         got = orjson.loads(answer).get("response", {}).get("uid") if status == 200 else None
-        if got != want:
-            raise BenchError(f"{server.name} answered {status} with uid {got!r}, expected {want!r}: {answer[:300]!r}")
+        if got != "baseline":
+            raise BenchError(f"{server.name} answered {status} with uid {got!r}, expected 'baseline': {answer[:300]!r}")
 
 
-def decision_mix(ctx: ssl.SSLContext, guard: Server) -> dict[str, float]:
+def decision_counts(ctx: ssl.SSLContext, guard: Server) -> dict[str, float]:
+    """The guard's decisions so far, by ``decision:reason`` (its /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     status, text = request(ctx, guard.port, "GET", "/metrics")
@@ -303,6 +331,12 @@ def decision_mix(ctx: ssl.SSLContext, guard: Server) -> dict[str, float]:
                 if s.name.endswith("_total"):
                     key = f"{s.labels['decision']}:{s.labels['reason']}"
                     counts[key] = counts.get(key, 0) + s.value
+    return counts
+
+
+def shares(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The decisions between two readings of ``decision_counts``, as shares, largest first."""
+    counts = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
     total = sum(counts.values()) or 1.0
     return {k: round(v / total, 4) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
 
@@ -469,31 +503,38 @@ def table(s: dict, decide: dict, rates: list[str]) -> str:
     return "\n".join([*out, *(line(row) for row in rows)])
 
 
-def print_table(s: dict, decide: dict, rates: list[str], meta: dict) -> None:
+def print_table(mix: str, s: dict, decide: dict, rates: list[str], meta: dict, decisions: dict[str, float]) -> None:
     w = sys.stdout.write
-    w(f"\nkubevirt-eviction-guard bench: {meta['vmis']:,} VMIs, {meta['rounds']} round(s) x {meta['duration_s']}s "
+    w(f"\nmix {mix}: {MIXES[mix].about}\n")
+    w(f"kubevirt-eviction-guard bench: {meta['vmis']:,} VMIs, {meta['rounds']} round(s) x {meta['duration_s']}s "
       f"per phase, saturation by {meta['saturation_tool']}, latencies pooled over the rounds, "
       f"load average {meta['loadavg_before']} -> {meta['loadavg_after']}\n\n")
     w(table(s, decide, rates) + "\n\n")
     for name, t in s["targets"].items():
         w(f"  target {name:24} {fmt(t['value'], 3):>10}  goal {t['goal']:<10} {'met' if t['met'] else 'MISSED'}\n")
+    w(f"  decisions at the guard: {', '.join(f'{k} {v:.1%}' for k, v in decisions.items())}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--vmis", type=int, default=100_000)
-    p.add_argument("--bodies", type=int, default=4000, help="distinct AdmissionReview bodies to cycle through")
+    p.add_argument("--mixes", default=",".join(DEFAULT_MIXES),
+                   help=f"request mixes to run, in order (bench/mixes.py: {', '.join(MIXES)})")
+    p.add_argument("--bodies", type=int, default=None,
+                   help="distinct AdmissionReview bodies per mix to cycle through (default: each mix's own)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--duration", type=float, default=3.0, help="seconds of load per phase and target")
     p.add_argument("--rates", default="500,1000", help="fixed offered rates, requests/s")
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--saturation-tool", choices=("auto", "wrk", "python"), default="auto")
-    p.add_argument("--profile", action="store_true", help="also run py-spy on the guard during a saturation run")
+    p.add_argument("--profile", action="store_true", help="also run py-spy on the guard during a saturation run per mix")
     p.add_argument("--quiet", action="store_true",
                    help="the guard at --log-level warning, the baseline without its access log (no line per request)")
+    p.add_argument("--guard-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for the guard's serve (e.g. --guard-arg=--no-side-effects), repeatable")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--seed", type=int, default=6)
-    p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds in all")
+    p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds in all")
     args = p.parse_args(argv)
     if args.saturation_tool == "auto":
         args.saturation_tool = "wrk" if shutil.which("wrk") else "python"
@@ -501,6 +542,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rates:
         if not r.isdigit() or int(r) <= 0:
             p.error(f"--rates: not a positive whole number of requests/s: {r!r}")
+    args.mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
+    for m in args.mixes:
+        if m not in MIXES:
+            p.error(f"--mixes: no mix named {m!r} (known: {', '.join(MIXES)})")
+    if not args.mixes:
+        p.error("--mixes: name at least one mix")
 
     def too_long(signum, frame):
         raise BenchError(f"gave up after --timeout {args.timeout:.0f}s")
@@ -508,29 +555,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGALRM, too_long)
     signal.alarm(int(args.timeout))
     started = dt.datetime.now(dt.timezone.utc)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
     loadavg_before = os.getloadavg()
     servers: list[Server] = []
     with tempfile.TemporaryDirectory(prefix="guard-bench-") as tmpdir:
         tmp = Path(tmpdir)
         try:
-            print(f"building {args.vmis:,} VMIs and {args.bodies:,} eviction bodies ...", flush=True)
+            print(f"building {args.vmis:,} VMIs and the bodies of {len(args.mixes)} mix(es) ...", flush=True)
             files, state_info = prepare(args, tmp)
-            print(f"  {state_info['objects']}, snapshot {state_info['snapshot_mb']:.0f} MB, "
+            print(f"  {state_info['objects']}, snapshot {state_info['snapshot_mb']:.0f} MB, bodies {state_info['bodies']}, "
                   f"{state_info['build_s']:.1f}s", flush=True)
             ctx = ssl.create_default_context(cafile=str(files["ca"]))
+            print("timing policy.decide alone, and the policy's answer to every body ...", flush=True)
+            decide = measure_decide(files, args.mixes, timeout=600)
+            for m, d in decide.items():
+                print(f"  {m}: median {d['median_us']:.2f} us, mean {d['mean_us']:.2f} us over {d['calls']:,} calls",
+                      flush=True)
             port = free_port()
-            guard = Server("guard", serve_argv("app", files, port, args.quiet), tmp / "guard.log", port)
+            guard = Server("guard", serve_argv("app", files, port, args.quiet, args.guard_arg), tmp / "guard.log", port)
             port = free_port()
-            baseline = Server("baseline", plain_argv(files, port, args.quiet), tmp / "baseline.log", port)
+            baseline = Server("baseline", plain_argv(files, port, args.quiet), tmp / "baseline.log", port,
+                              env={"BENCH_ANSWERS": str(files["answers"])})
             port = free_port()
             stack = Server("stack", serve_argv("bench.baseline", files, port, args.quiet), tmp / "stack.log", port)
             port = free_port()
             floor = Server("floor", serve_argv("bench.floor", files, port, args.quiet), tmp / "floor.log", port)
             servers = [guard, baseline, stack, floor]
-            print("timing policy.decide alone ...", flush=True)
-            decide = measure_decide(files, timeout=300)
-            print(f"  median {decide['median_us']:.2f} us, mean {decide['mean_us']:.2f} us over {decide['calls']:,} calls",
-                  flush=True)
             print("starting the guard, the baseline and the two references ...", flush=True)
             for s in servers:
                 s.start()
@@ -538,33 +588,40 @@ def main(argv: Sequence[str] | None = None) -> int:
                 s.wait_ready(ctx, timeout=300)
             print(f"  guard ready in {guard.started_s:.1f}s (snapshot load), baseline in {baseline.started_s:.1f}s",
                   flush=True)
-            check_answers(ctx, guard, [baseline, stack, floor], files)
             idle = {s.name: s.memory_mb() for s in servers}
-            for s in servers:  # warm up: connections, caches, lazy imports
-                run_loadgen(s.port, files["ca"], files["bodies"], min(2.0, args.duration), 8, None)
             runs: list[dict] = []
-            for rnd in range(args.rounds):
-                order = servers if rnd % 2 == 0 else servers[::-1]
-                for phase in ["saturation", *rates]:
-                    for s in order:
-                        if s in (stack, floor) and phase != "saturation":  # throughput references only
-                            continue
-                        res = load_phase(s, phase, args, files)
-                        res["round"] = rnd + 1
-                        runs.append(res)
-                        print(f"  round {rnd + 1} {phase:>10} {s.name:8}: {res['achieved_rps']:8,.0f} req/s  "
-                              f"p99 {res['latency_ms']['p99']:7.2f} ms  server CPU {res['server_cpu_share']:.2f}  "
-                              f"generator CPU {res['client_cpu_share_total']:.2f}"
-                              + (f"  errors {res['errors']}" if res["errors"] else ""), flush=True)
-            generator = check_generator(baseline, runs, args, files)
-            mix = decision_mix(ctx, guard)
-            memory = {s.name: {**s.memory_mb(), "idle_rss_mb": idle[s.name]["rss_mb"]} for s in servers}
-            stamp = started.strftime("%Y%m%dT%H%M%SZ")
+            decisions: dict[str, dict[str, float]] = {}
+            profiles: dict[str, dict] = {}
+            generator: dict = {}
             args.out.mkdir(parents=True, exist_ok=True)
-            profile = None
-            if args.profile:
-                print("profiling the guard under saturation (py-spy) ...", flush=True)
-                profile = profile_guard(guard, args, files, args.out / f"profile-{stamp}.txt")
+            for k, mix in enumerate(args.mixes):
+                files["bodies"] = files[f"bodies:{mix}"]
+                print(f"mix {mix}: {MIXES[mix].about} ({state_info['bodies'][mix]:,} bodies)", flush=True)
+                check_answers(ctx, guard, baseline, [stack, floor] if k == 0 else [], files["bodies"])
+                counts0 = decision_counts(ctx, guard)
+                mixed = [guard, baseline] if k else servers
+                for s in mixed:  # warm up: connections, caches, lazy imports
+                    run_loadgen(s.port, files["ca"], files["bodies"], min(2.0, args.duration), 8, None)
+                for rnd in range(args.rounds):
+                    order = mixed if rnd % 2 == 0 else mixed[::-1]
+                    for phase in ["saturation", *rates]:
+                        for s in order:
+                            if s in (stack, floor) and phase != "saturation":  # throughput references only
+                                continue
+                            res = load_phase(s, phase, args, files)
+                            res.update(round=rnd + 1, mix=mix)
+                            runs.append(res)
+                            print(f"  {mix} round {rnd + 1} {phase:>10} {s.name:8}: {res['achieved_rps']:8,.0f} req/s  "
+                                  f"p99 {res['latency_ms']['p99']:7.2f} ms  server CPU {res['server_cpu_share']:.2f}  "
+                                  f"generator CPU {res['client_cpu_share_total']:.2f}"
+                                  + (f"  errors {res['errors']}" if res["errors"] else ""), flush=True)
+                decisions[mix] = shares(counts0, decision_counts(ctx, guard))
+                if k == 0:
+                    generator = check_generator(baseline, [r for r in runs if r["mix"] == mix], args, files)
+                if args.profile:
+                    print(f"profiling the guard under saturation in mix {mix} (py-spy) ...", flush=True)
+                    profiles[mix] = profile_guard(guard, args, files, args.out / f"profile-{stamp}-{mix}.txt")
+            memory = {s.name: {**s.memory_mb(), "idle_rss_mb": idle[s.name]["rss_mb"]} for s in servers}
         finally:
             for s in servers:
                 s.stop()
@@ -572,7 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta = {
             "started": started.isoformat(), "vmis": args.vmis, "rounds": args.rounds, "duration_s": args.duration,
             "rates": rates, "connections": args.connections, "saturation_tool": args.saturation_tool,
-            "quiet": args.quiet,
+            "quiet": args.quiet, "mixes": args.mixes, "guard_args": args.guard_arg,
             "loadavg_before": [round(x, 2) for x in loadavg_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "cpus": os.cpu_count(), "python": platform.python_version(), "commit": git_commit(),
@@ -580,18 +637,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             "guard_startup_s": guard.started_s, "baseline_startup_s": baseline.started_s,
             "baseline_argv": baseline.argv[1:],
         }
-        summary = summarise(runs, decide, memory, rates)
+        mixes: dict[str, dict] = {}
+        for mix in args.mixes:
+            summary = summarise([r for r in runs if r["mix"] == mix], decide[mix], memory, rates)
+            mixes[mix] = {"about": MIXES[mix].about, "bodies": state_info["bodies"][mix], "summary": summary,
+                          "table_markdown": table(summary, decide[mix], rates), "decision_mix": decisions[mix],
+                          "expected_denied": MIXES[mix].expected_denied, "decide": decide[mix],
+                          "profile": profiles.get(mix)}
         for r in runs:
             r.pop("_latencies", None)
-        result = {"meta": meta, "table_markdown": table(summary, decide, rates), "state": state_info,
-                  "decide": decide, "memory": memory, "decision_mix": mix,
-                  "generator": generator, "summary": summary, "runs": runs, "profile": profile}
-    print_table(summary, decide, rates, meta)
+        result = {"meta": meta, "state": state_info, "memory": memory, "generator": generator, "mixes": mixes,
+                  "runs": runs}
+    for mix, m in mixes.items():
+        print_table(mix, m["summary"], m["decide"], rates, meta, m["decision_mix"])
+        if m["expected_denied"] is not None:
+            denied = sum(v for k, v in m["decision_mix"].items() if k.startswith("denied:"))
+            print(f"  refused {denied:.1%} (the mix stands for {m['expected_denied']:.1%})")
     path = args.out / f"bench-{stamp}.json"
     data = orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
     path.write_bytes(data)
     (args.out / "latest.json").write_bytes(data)
-    print(f"\ndecision mix at the guard: {', '.join(f'{k} {v:.1%}' for k, v in mix.items())}")
+    print("\nguard/baseline per mix: " + "; ".join(
+        f"{mix} throughput {fmt(m['summary']['ratios']['throughput'])} "
+        f"({fmt(m['summary']['ratios']['throughput_median_of_rounds'])}), CPU per request "
+        f"{fmt(m['summary']['ratios']['cpu_per_request'])}" for mix, m in mixes.items()))
     g = generator
     line = (f"load generator at saturation ({g['saturation_tool']}): {g['generator_cpu_share']:.2f} of a core, "
             f"the baseline server {g['server_cpu_share']:.2f}")
@@ -599,10 +668,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         line += (f"; the Python generator in closed loop reaches {g['python_closed_loop_rps']:,.0f} req/s on the baseline "
                  f"(wrk {g['baseline_rps']:,.0f}) using {g['python_generator_cpu_share']:.2f} of a core")
     print(line)
-    if profile and "own" in profile:
-        print("\nguard profile under saturation, own time (py-spy):")
-        for frame, share in profile["own"][:12]:
-            print(f"  {share:6.1%}  {frame}")
+    for mix, profile in profiles.items():
+        if profile and "own" in profile:
+            print(f"\nguard profile under saturation, mix {mix}, own time (py-spy):")
+            for frame, share in profile["own"][:12]:
+                print(f"  {share:6.1%}  {frame}")
+            print(f"guard profile, mix {mix}, inclusive:")
+            for frame, share in profile["inclusive"][:15]:
+                print(f"  {share:6.1%}  {frame}")
     print(f"\nwrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0
 

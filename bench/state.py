@@ -9,8 +9,11 @@ thousand unrelated pods and some launcher pods whose VMI is gone complete the
 decision table.
 
 The VMs with a migration in flight sit on the first half of the nodes (the
-"busy" nodes), so that the other half is quiet and descheduler evictions
-there reach the cooldown rule instead of all stopping at the node budget.
+"busy" nodes, dozens leaving each), so that the other half is quiet and
+descheduler evictions there reach the cooldown rule instead of all stopping at
+the node budget. A few more nodes have exactly one VM leaving, as a guarded
+cluster's nodes do (the node budget lets one go at a time): evictions of the
+other VMs there are the node budget's usual refusal.
 
 Objects carry the fields the guard reads and the metadata real objects carry
 around them (labels, annotations, owner references, finalizers), but not the
@@ -39,6 +42,8 @@ CORDON_EVERY = 25  # every 25th quiet node is cordoned (being drained)
 KEEP_FINISHED = 5  # KubeVirt keeps the 5 newest finished VMIMs per VMI
 SHARE_IN_FLIGHT = 0.10
 SHARE_MIGRATED = 0.30
+ONE_LEAVING_NODES = 50  # at most; about one per 2,000 VMIs
+ONE_LEAVING_STAYING = 20  # VMs on each of them besides the one leaving
 
 
 def ts(seconds_ago: float) -> str:
@@ -265,14 +270,39 @@ class _Builder:
 
     # ---- the whole cluster ---------------------------------------------------
 
+    def one_leaving(self, node: str, first: int) -> int:
+        """``node`` with one VM migrating away (a running VMIM) and ``ONE_LEAVING_STAYING`` quiet VMs beside it."""
+        i = first
+        ns, name, uid = f"tenant-{i % NAMESPACES:03d}", f"vm-{i:06d}", self.uid()
+        job, start = self.uid(), self.rng.uniform(10, 300)
+        dst = self.other_node(node, self.quiet)
+        state = self.mstate(job, node, dst, start)
+        self.emit(self.vmi(ns, name, uid, node, state))
+        self.emit(self.vmim(ns, name, "Running", start + 3, state, job))
+        self.emit(self.pod(ns, name, uid, node))
+        self.emit(self.pod(ns, name, uid, dst, phase="Running", job=job))
+        for i in range(first + 1, first + 1 + ONE_LEAVING_STAYING):
+            ns, name, uid = f"tenant-{i % NAMESPACES:03d}", f"vm-{i:06d}", self.uid()
+            self.emit(self.vmi(ns, name, uid, node, None))
+            launcher = self.pod(ns, name, uid, node)
+            self.emit(launcher)
+            self.targets.add("one_leaving_node", ns, launcher["metadata"]["name"])
+        return i + 1
+
     def build(self) -> State:
         for name in self.all_nodes:
             self.emit(self.node(name))
-        classes = [self.in_flight] * round(self.n * SHARE_IN_FLIGHT) + [self.migrated] * round(self.n * SHARE_MIGRATED)
-        classes += [self.never_migrated] * (self.n - len(classes))
+        one_leaving = [f"node-one-{k:02d}" for k in range(min(ONE_LEAVING_NODES, max(1, self.n // 2000)))]
+        n = self.n - len(one_leaving) * (1 + ONE_LEAVING_STAYING)
+        classes = [self.in_flight] * round(n * SHARE_IN_FLIGHT) + [self.migrated] * round(n * SHARE_MIGRATED)
+        classes += [self.never_migrated] * (n - len(classes))
         self.rng.shuffle(classes)
         for i, make in enumerate(classes):
             make(f"tenant-{i % NAMESPACES:03d}", f"vm-{i:06d}", self.uid())
+        i = len(classes)
+        for node in one_leaving:
+            self.emit(self.node(node))
+            i = self.one_leaving(node, i)
         for i in range(max(10, self.n // 20)):  # unrelated workloads
             ns = f"apps-{i % 50:02d}"
             name = f"web-{i:05d}-{self.suffix()}"

@@ -1,8 +1,8 @@
 """The bench harness end to end on a tiny cluster: it must produce well-formed results.
 
 Nothing here is timed: performance is what ``make bench`` measures; this only
-keeps the harness working (state, bodies, both servers, both load modes, the
-decision mix, the JSON it writes).
+keeps the harness working (state, the mixes' bodies, the servers, both load
+modes, the decisions per mix, the JSON it writes).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("bench")
     argv = [sys.executable, "-m", "bench.run", "--vmis", "300", "--bodies", "150", "--rounds", "1",
             "--duration", "1", "--rates", "40", "--connections", "4", "--saturation-tool", "python",
-            "--out", str(out), "--timeout", "100"]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=110)
+            "--mixes", "fixtures,descheduler", "--out", str(out), "--timeout", "150"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=160)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "guard/base" in proc.stdout  # the table was printed
     files = sorted(out.glob("bench-*.json"))
@@ -34,9 +34,11 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_every_run_was_answered_by_the_right_server(result: dict) -> None:
     runs = result["runs"]
-    assert {(r["target"], r["phase"]) for r in runs} == {
-        ("guard", "saturation"), ("baseline", "saturation"), ("stack", "saturation"), ("floor", "saturation"),
-        ("guard", "40"), ("baseline", "40")}
+    assert {(r["mix"], r["target"], r["phase"]) for r in runs} == {
+        ("fixtures", "guard", "saturation"), ("fixtures", "baseline", "saturation"), ("fixtures", "stack", "saturation"),
+        ("fixtures", "floor", "saturation"), ("fixtures", "guard", "40"), ("fixtures", "baseline", "40"),
+        ("descheduler", "guard", "saturation"), ("descheduler", "baseline", "saturation"),
+        ("descheduler", "guard", "40"), ("descheduler", "baseline", "40")}
     for r in runs:
         assert r["completed"] > 0, r
         assert set(r["status"]) == {"200"}, r
@@ -47,21 +49,28 @@ def test_every_run_was_answered_by_the_right_server(result: dict) -> None:
     fixed = [r for r in runs if r["phase"] == "40"]
     assert all(r["mode"] == "open" and r["offered_rps"] == 40 for r in fixed)
     assert all(r["send_lag_ms"]["p50"] >= 0 for r in fixed)
-    # the baseline answers every body "allowed"; the guard denies some of them
-    assert all(r["denied"] == 0 for r in runs if r["target"] in ("baseline", "stack", "floor"))
-    assert any(r["denied"] > 0 for r in runs if r["target"] == "guard")
+    # the references answer every body "allowed"; the guard denies some, and the baseline the same ones
+    assert all(r["denied"] == 0 for r in runs if r["target"] in ("stack", "floor")), runs
+    for mix in ("fixtures", "descheduler"):
+        denied = {t: sum(r["denied"] for r in runs if r["mix"] == mix and r["target"] == t and r["phase"] == "40")
+                  for t in ("guard", "baseline")}
+        assert denied["guard"] > 0 and denied["baseline"] > 0, (mix, denied)
 
 
-def test_the_mix_crosses_the_decision_table(result: dict) -> None:
-    mix = result["decision_mix"]
-    assert math.isclose(sum(mix.values()), 1.0, abs_tol=0.01)
+def test_the_fixtures_mix_crosses_the_decision_table_and_the_descheduler_mix_is_mostly_allowed(result: dict) -> None:
+    mix = result["mixes"]["fixtures"]["decision_mix"]
+    assert math.isclose(sum(mix.values()), 1.0, abs_tol=0.01), mix
     reasons = {k.split(":")[1] for k in mix}
-    assert {"allowed", "not_a_vm_pod", "migration_in_progress", "migration_target"} <= reasons
-    assert any(k.startswith("denied:") for k in mix) and any(k.startswith("allowed:") for k in mix)
+    assert {"allowed", "not_a_vm_pod", "migration_in_progress", "migration_target"} <= reasons, mix
+    assert any(k.startswith("denied:") for k in mix) and any(k.startswith("allowed:") for k in mix), mix
+    mix = result["mixes"]["descheduler"]["decision_mix"]
+    assert mix.get("allowed:allowed", 0) > 0.5 and set(mix) <= {"allowed:allowed", "denied:cooldown"}, mix
 
 
 def test_summary_has_both_servers_ratios_and_targets(result: dict) -> None:
-    s = result["summary"]
+    assert set(result["mixes"]) == {"fixtures", "descheduler"}, list(result["mixes"])
+    assert result["mixes"]["descheduler"]["summary"]["stack"]["saturation_rps"] is None  # references: first mix only
+    s = result["mixes"]["fixtures"]["summary"]
     for target in ("guard", "baseline"):
         t = s[target]
         assert t["saturation_rps"] > 0 and t["rss_mb"] > 0 and t["peak_rss_mb"] >= t["rss_mb"] * 0.5
@@ -70,7 +79,8 @@ def test_summary_has_both_servers_ratios_and_targets(result: dict) -> None:
     assert s["stack"]["saturation_rps"] > 0 and s["ratios"]["throughput_guard_vs_stack"] > 0
     assert s["ratios"]["throughput_median_of_rounds"] > 0 and s["ratios"]["cpu_per_request_median_of_rounds"] > 0
     assert s["ratios"]["throughput"] > 0 and s["ratios"]["p99_at_40"] > 0
-    assert result["table_markdown"].count("\n") >= 10 and "guard/baseline" in result["table_markdown"]
+    table = result["mixes"]["fixtures"]["table_markdown"]
+    assert table.count("\n") >= 10 and "guard/baseline" in table, table
     assert result["meta"]["versions"]["uvicorn"]
     # the baseline is plain uvicorn serving bench.plain, not the guard's own serve
     assert "uvicorn" in result["meta"]["baseline_argv"] and "bench.plain:app" in result["meta"]["baseline_argv"]
@@ -78,8 +88,8 @@ def test_summary_has_both_servers_ratios_and_targets(result: dict) -> None:
                                  "decide_median_us", "guard_rss_mb"}
     for t in s["targets"].values():
         assert isinstance(t["met"], bool) and t["value"] is not None
-    d = result["decide"]
-    assert d["calls"] == 3 * 150 and 0 < d["median_us"] <= d["p99_us"]
+    d = result["mixes"]["fixtures"]["decide"]
+    assert d["calls"] == 3 * 150 and 0 < d["median_us"] <= d["p99_us"], d
     assert d["loaded"]["vmi"] == 300
     assert result["state"]["objects"]["VirtualMachineInstance"] == 300
 
@@ -103,7 +113,8 @@ def test_the_doc_sections_are_written_from_the_result_files(result: dict, tmp_pa
     assert doc.main([str(bench_file), "--watch", str(watch_file), "--doc", str(page)]) == 0
     text = page.read_text()
     assert "STALE-TEXT" not in text and text.startswith("# P\n\nbefore\n") and text.endswith("\nafter\n")
-    assert f"{result['summary']['ratios']['throughput']:.2f}" in text
+    for mix, m in result["mixes"].items():
+        assert f"| {mix} |" in text and f"{m['summary']['ratios']['throughput']:.2f}" in text, (mix, text)
     assert "| 1.2 s (0.8 s of CPU) | < 30 s (met) |" in text and "23,456 (live: 12,345)" in text
     assert "about 481 bytes per object (7,004 objects)" in text
 

@@ -46,7 +46,7 @@ class Section:
 
 SECTIONS = {
     "bench": Section("docs/performance.md", "make bench (three times), then make bench-doc",
-                     ("bench/run.py", "bench/plain.py", "bench/loadgen.py", "bench/bodies.py", "bench/baseline.py",
+                     ("bench/run.py", "bench/plain.py", "bench/loadgen.py", "bench/bodies.py", "bench/mixes.py", "bench/baseline.py",
                       "bench/state.py", "bench/decide.py", "bench/effects_latency.py", "bench/floor.py", "bench/wrk.lua",
                       "bench/doc.py", *SERVING)),
     "watch": Section("docs/performance.md", "make bench-watch",

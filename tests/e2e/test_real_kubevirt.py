@@ -226,14 +226,16 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     kv.vm(ns, "vm", a)
     pod = kv.source_pod(ns, "vm")
     kv.cluster.sync()
-    code, _, audit = evict(kv, ns, pod.metadata.name)
-    assert code == 429 and guard_reason(kv, audit) == "allowed"
+    code, body, audit = evict(kv, ns, pod.metadata.name)
+    assert code == 429 and guard_reason(kv, audit) == "allowed", (code, body, audit.get("annotations"))
 
     first = wait_for(lambda: (ms := kv.vmims(ns, "vm")) and ms[0].get("status", {}).get("phase") == "Failed" and ms[0],
                      60, "the first attempt to fail")
     # the pod annotation stays through the failed attempt (the VMI is still marked)
-    assert kv.vmi(ns, "vm")["status"]["evacuationNodeName"] == a
-    assert kv.source_pod(ns, "vm").metadata.annotations.get(EVICTION_IN_PROGRESS) == "true"
+    status = kv.vmi(ns, "vm")["status"]
+    assert status.get("evacuationNodeName") == a, status
+    annotations = kv.source_pod(ns, "vm").metadata.annotations or {}
+    assert annotations.get(EVICTION_IN_PROGRESS) == "true", annotations
     capture("vmi-marked-after-failed-attempt", kv.vmi(ns, "vm"))
     capture("pod-virt-launcher-source-after-failed-attempt", kv.source_pod(ns, "vm"))
     # the retry: the evacuation controller wakes on a Node, VMI or VMIM update (not on pods), so after the failed
@@ -252,23 +254,39 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     # patches the mark away
     wait_for(lambda: not kv.vmi(ns, "vm")["status"].get("evacuationNodeName"), 120,
              "the canceller to clear the mark through virt-api")
+    # The mark goes while virt-api answers the PUT, the PUT's audit event only once kube-apiserver has passed
+    # virt-api's answer on: the event is awaited, not read at once.
     user = kv.installation.username
-    puts = [e for e in kv.cp.audit_events(user) if e["verb"] == "update"
-            and e.get("objectRef", {}).get("subresource") == "evacuate" and e["objectRef"].get("name") == "vm"
-            and e["objectRef"].get("namespace") == ns]
-    assert puts and puts[0]["responseStatus"]["code"] == 200 and puts[0]["objectRef"]["apiGroup"] == GROUP, puts
+
+    def cancels() -> list[dict]:
+        return [e for e in kv.cp.audit_events(user) if e["verb"] == "update"
+                and e.get("objectRef", {}).get("subresource") == "evacuate" and e["objectRef"].get("name") == "vm"
+                and e["objectRef"].get("namespace") == ns]
+
+    def writers() -> list[tuple]:
+        """Every write to the VMI (its status included) and every evacuate call: who, what, and the answer."""
+        return [(e["user"]["username"], e["verb"], e["objectRef"].get("subresource"), e["responseStatus"]["code"],
+                 e.get("stageTimestamp")) for e in kv.cp.audit_events()
+                if e.get("verb") in ("update", "patch") and e.get("objectRef", {}).get("resource") ==
+                "virtualmachineinstances" and e["objectRef"].get("name") == "vm" and e["objectRef"].get("namespace") == ns]
+
+    try:
+        puts = wait_for(cancels, 30, "the guard's PUT of evacuate/cancel in the audit log")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the VMI's writers meanwhile: {writers()}") from None
+    assert puts[0]["responseStatus"]["code"] == 200 and puts[0]["objectRef"]["apiGroup"] == GROUP, puts
     patches = [e for e in kv.cp.audit_events("system:serviceaccount:kubevirt:kubevirt-apiserver")
                if e["verb"] == "patch" and e.get("objectRef", {}).get("resource") == "virtualmachineinstances"
                and e["objectRef"].get("name") == "vm" and e["objectRef"].get("namespace") == ns]
-    assert len(patches) >= 2, "virt-api's own patches: the mark, then its removal"
-    failures = sum(1 for m in kv.vmims(ns, "vm") if m.get("status", {}).get("phase") == "Failed")
-    assert failures >= 2
+    assert len(patches) >= 2, f"virt-api's own patches (the mark, then its removal): {writers()}"
+    phases = [m.get("status", {}).get("phase") for m in kv.vmims(ns, "vm")]
+    assert phases.count("Failed") >= 2, phases
     # virt-controller removes the pod annotation once the VMI is no longer marked
     wait_for(lambda: EVICTION_IN_PROGRESS not in (kv.source_pod(ns, "vm").metadata.annotations or {}), 30,
              "virt-controller to remove eviction-in-progress")
     vmi = kv.vmi(ns, "vm")
     capture("vmi-after-evacuate-cancel", vmi)
-    assert vmi["status"]["nodeName"] == a
+    assert vmi["status"]["nodeName"] == a, vmi["status"]
     source = (vmi["metadata"].get("annotations") or {}).get(EVICTION_SOURCE)
     wait_for(lambda: kv.events(ns, "vm", "EvacuationCancelled"), 30, "the guard's EvacuationCancelled Event")
 
@@ -279,30 +297,30 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
              120, "the retry created before the cancel to end")
     wait_for(lambda: EVICTION_SOURCE not in (kv.vmi(ns, "vm")["metadata"].get("annotations") or {}), 30,
              "the guard to remove the stale eviction-source")
-    removals = [e for e in kv.cp.audit_events(user) if e["verb"] == "patch"
-                and e.get("objectRef", {}).get("resource") == "virtualmachineinstances"
-                and e["objectRef"].get("name") == "vm" and e["objectRef"].get("namespace") == ns
-                and e["responseStatus"]["code"] == 200]
-    assert removals, "the guard's patch of the VMI"
+    try:
+        wait_for(lambda: [e for e in kv.cp.audit_events(user) if e["verb"] == "patch"
+                          and e.get("objectRef", {}).get("resource") == "virtualmachineinstances"
+                          and e["objectRef"].get("name") == "vm" and e["objectRef"].get("namespace") == ns
+                          and e["responseStatus"]["code"] == 200], 30, "the guard's patch of the VMI in the audit log")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the VMI's writers: {writers()}") from None
     # a user's eviction then (not the descheduler): virt-api marks the VM again, and this evacuation inherits the
     # cancelled one's failed attempts (the same node, no success since). Had the annotation stayed, the guard would
     # take it for the descheduler's, stuck, and cancel it at its next pass; it must not.
     kv.nodes.plans[(ns, "vm")] = ["hold-start"]
     kv.cluster.sync()
     code, body, audit = evict(kv, ns, kv.source_pod(ns, "vm").metadata.name, descheduler=False)
-    assert code == 429 and guard_reason(kv, audit) == "allowed", body
+    assert code == 429 and guard_reason(kv, audit) == "allowed", (code, body, audit.get("annotations"))
     marked = kv.vmi(ns, "vm")
-    assert marked["status"]["evacuationNodeName"] == a and EVICTION_SOURCE not in (
-        marked["metadata"].get("annotations") or {}), marked["metadata"].get("annotations")
+    assert marked["status"].get("evacuationNodeName") == a and EVICTION_SOURCE not in (
+        marked["metadata"].get("annotations") or {}), (marked["status"], marked["metadata"].get("annotations"))
     kv.cluster.sync()
     passes = g.metric("kubevirt_eviction_guard_background_passes_total", loop="canceller")
     wait_for(lambda: g.metric("kubevirt_eviction_guard_background_passes_total", loop="canceller") >= passes + 2,
              30, "two canceller passes after the guard saw the user's mark")
-    assert kv.vmi(ns, "vm")["status"].get("evacuationNodeName") == a, "the guard cancelled a user's evacuation"
-    cancels = [e for e in kv.cp.audit_events(user) if e["verb"] == "update"
-               and e.get("objectRef", {}).get("subresource") == "evacuate" and e["objectRef"].get("name") == "vm"
-               and e["objectRef"].get("namespace") == ns]
-    assert len(cancels) == len(puts), cancels
+    status = kv.vmi(ns, "vm")["status"]
+    assert status.get("evacuationNodeName") == a, f"the guard cancelled a user's evacuation: {status}, {writers()}"
+    assert len(cancels()) == len(puts), (puts, cancels())
     # done: the user cancels it (virt-api, as an admin would with virtctl); a VMIM already created may still run
     kv.nodes.plans[(ns, "vm")] = ["succeed"]
     for m in kv.nodes.migrations_of(ns, "vm"):
@@ -321,7 +339,7 @@ def test_failed_attempts_backoff_and_the_canceller_through_real_evacuate_cancel(
     _behaviours["cancel"] = ("virt-api evacuate/cancel: the guard's PUT (chart RBAC) authorized by kube-apiserver and "
                              "virt-api, mark removed by virt-api's patch; virt-controller then removed "
                              f"{EVICTION_IN_PROGRESS}; {EVICTION_SOURCE} left on the VMI ({source!r})")
-    detail["detail"] = (f"{ns}/vm: {failures} failed attempts, retry {waited:.0f} s after the first failure, "
+    detail["detail"] = (f"{ns}/vm: {phases.count('Failed')} failed attempts, retry {waited:.0f} s after the first failure, "
                         "eviction-in-progress kept through the failure, cancelled through real evacuate/cancel; the "
                         "stale eviction-source removed by the guard, and a user's eviction after it not cancelled")
 

@@ -106,13 +106,13 @@ def test_virt_controller_annotates_the_marked_pod_and_the_guard_adds_nothing(kv,
 
 TRIALS = 4
 LAG = 0.5
-CHANGED = ("kubevirt_eviction_guard_leaver_reads_total", {"result": "changed"})
+LEAVER_READS = "kubevirt_eviction_guard_leaver_reads_total"
 
 
-def race(kv, guard: GuardProcess) -> int:
+def race(kv, guard: GuardProcess) -> dict[str, float]:
     """``TRIALS`` nodes with two VMs each (the first ``External``: marked, never migrated): the descheduler evicts
-    the first (virt-api marks it while it answers), then at once the second. Returns the fresh reads that found the
-    mark the guard's store did not have yet."""
+    the first (virt-api marks it while it answers), then at once the second. Returns the guard's reads before an
+    allow meanwhile, by result (``changed``: they found the mark the guard's store did not have yet)."""
     c = kv.cluster
     ns = c.fresh_namespace("real-race")
     hook = kv.installation.webhook_name
@@ -121,23 +121,42 @@ def race(kv, guard: GuardProcess) -> int:
                 for spec in ((first, node, {"eviction_strategy": "External"}), (second, node, {}))])
     pods = {name: kv.source_pod(ns, name).metadata.name for _, first, second in pairs for name in (first, second)}
     c.sync(guard, timeout=60)
-    changed_before = guard.metric(CHANGED[0], **CHANGED[1])
+    reads_before = leaver_reads(guard)
     answers = []
     for node, first, second in pairs:
         code, body = c.evict(ns, pods[first], descheduler=True)
-        assert code == 429 and "Eviction triggered evacuation" in body["message"], body  # virt-api marked it
-        answers.append(c.evict(ns, pods[second], descheduler=True))
-    refused = [a for a in answers if a[0] == 429 and a[1].get("message", "").startswith(
-        f'admission webhook "{hook}" denied the request: node "') and "already has 1 VM(s) leaving" in a[1]["message"]]
-    assert len(refused) == TRIALS, [a for a in answers if a not in refused]
-    assert not any(kv.vmi(ns, s)["status"].get("evacuationNodeName") for _, _, s in pairs)
+        assert code == 429 and "Eviction triggered evacuation" in body.get("message", ""), (guard.dir.name, first, code, body)
+        answers.append((node, second, *c.evict(ns, pods[second], descheduler=True)))
+    reads = {k: v - reads_before.get(k, 0) for k, v in leaver_reads(guard).items()}
+    refused = [a for a in answers if a[2] == 429 and a[3].get("message", "").startswith(
+        f'admission webhook "{hook}" denied the request: node "') and "already has 1 VM(s) leaving" in a[3]["message"]]
+    got = (f"guard {guard.dir.name}: answers to the second evictions not refused node_busy "
+           f"{[(n, s, code, body.get('message')) for n, s, code, body in answers if (n, s, code, body) not in refused]}; "
+           f"its reads before an allow meanwhile {reads}; its log on them {read_warnings(guard)}")
+    assert len(refused) == TRIALS, got
+    marked = {s: kv.vmi(ns, s)["status"].get("evacuationNodeName") for _, _, s in pairs}
+    assert not any(marked.values()), (marked, got)
     c.cp.kubectl("-n", ns, "delete", "vmi", "--all", "--wait=false")
-    return int(guard.metric(CHANGED[0], **CHANGED[1]) - changed_before)
+    return reads
+
+
+def leaver_reads(guard: GuardProcess) -> dict[str, float]:
+    """The guard's reads before an allow so far, by result (changed, same, failed, over_budget)."""
+    return {r: guard.metric(LEAVER_READS, result=r) or 0 for r in ("changed", "same", "failed", "over_budget")}
+
+
+def read_warnings(guard: GuardProcess) -> list[str]:
+    """The guard's log lines on reads before an allow that did not happen or did not finish."""
+    try:
+        lines = guard.log.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return [f"no log: {e}"]
+    return [ln[:400] for ln in lines if "read the VMIs of node" in ln][-10:]
 
 
 @pytest.mark.check("node budget against the watch's lag")
 def test_a_second_eviction_right_after_virt_apis_mark_is_refused(kv, detail):
-    idle = race(kv, kv.guard)
+    idle_reads = race(kv, kv.guard)
     host, _, port = kv.cp.url.removeprefix("https://").partition(":")
     proxy = LaggingProxy((host, int(port)), LAG).start()
     lagging = GuardProcess(kv.installation, name="lagging")
@@ -145,16 +164,19 @@ def test_a_second_eviction_right_after_virt_apis_mark_is_refused(kv, detail):
     kv.guard.stop()
     try:
         lagging.start()
-        late = race(kv, lagging)
+        late_reads = race(kv, lagging)
     finally:
         lagging.stop()
         proxy.stop()
         kv.guard.start()
-    assert late >= 1, "the lagging watch never let an eviction arrive before the mark: the check measured nothing"
+    idle, late = int(idle_reads.get("changed", 0)), int(late_reads.get("changed", 0))
+    assert late >= 1, (f"the lagging watch never let an eviction arrive before the mark: the check measured nothing "
+                       f"(reads before an allow by result: idle {idle_reads}, lagging {late_reads})")
     detail["detail"] = (f"real KubeVirt: virt-api marked the first VM of each of {TRIALS} nodes while answering the "
                         f"descheduler; the second eviction sent at once was refused node_busy {TRIALS} of {TRIALS}, "
                         f"twice; the guard's store lacked the mark in {idle} of {TRIALS} (idle) and {late} of "
-                        f"{TRIALS} (connection lagging {LAG:g} s), the fresh read refused those")
+                        f"{TRIALS} (connection lagging {LAG:g} s), the fresh read refused those; reads before an "
+                        f"allow by result: idle {idle_reads}, lagging {late_reads}")
 
 
 @pytest.mark.check("canceller through the aggregated api")
