@@ -150,6 +150,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
         if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
             effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
+            effects.record_causes(cluster.store)
         ready = cluster.health
         if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", True):
             # a stale eviction-source would make a later evacuation the descheduler did not cause cancellable

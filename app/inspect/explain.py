@@ -13,6 +13,7 @@ from app.inspect.cluster import kubevirt_fields
 from app.inspect.fields import decision_fields, duration_text, emit, seconds, timestamp
 from app.inspect.vm import cooldown_fields, long_notes, per_vm, vm_cooldown
 from app.policy import decide
+from app.policy.cause import cause_of
 from app.policy.cooldown import finished_migrations, relevant_migrations
 from app.policy.decide import (
     blocked_text,
@@ -116,9 +117,12 @@ def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings:
                                  "reason": blocked.blocked_reason or None} if blocked is not None else None),
                     "perVm": per_vm(vmi, pod, settings)}
     finished = sorted(finished_migrations(vmi, migs), key=lambda f: f.end)
+    # who moved it: the VMIM while KubeVirt keeps it, else the guard's history annotation
+    causes = {h.uid: h.cause for h in vmi.history if h.uid and h.cause} | {m.uid: cause_of(m) for m in migs if m.uid}
     model["finishedMigrations"] = [
         {"uid": f.uid or None, "start": timestamp(f.start), "end": timestamp(f.end), "ago": seconds(now - f.end),
-         "duration": seconds(f.end - f.start) if f.start is not None else None} for f in finished]
+         "duration": seconds(f.end - f.start) if f.start is not None else None,
+         "cause": causes.get(f.uid) or "unknown"} for f in finished]
     model["cooldown"] = cooldown_fields(vm_cooldown(store, vmi, now, settings), settings)
     held = held_node(node, store, now, settings) if node is not None else None
     model["leaving"] = {"node": pod.node or None, "vmis": leaving_others(store, vmi, pod.node, now, settings),
@@ -238,7 +242,7 @@ def explanation_text(m: dict[str, Any]) -> str:
     lines.append(f"finished migrations ({len(m['finishedMigrations'])}):")
     for f in m["finishedMigrations"]:
         lines.append(f"  ended {f['end']} ({format_duration(f['ago'])} ago), took "
-                     f"{duration_text(f['duration'], 'unknown')}, uid {f['uid'] or '-'}")
+                     f"{duration_text(f['duration'], 'unknown')}, cause {f['cause']}, uid {f['uid'] or '-'}")
     c = m["cooldown"]
     if c is not None:
         floor = "migrationCooldown" if c["floorFrom"] == "migrationCooldown" else f"{c['floorFrom']} (this VM)"

@@ -31,6 +31,7 @@ from app.domain.records import (
 )
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
+from app.policy.cause import DRAIN
 from app.policy.cooldown import cooldown_state, relevant_migrations
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionAttempt, PolicySettings, Reason
 from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
@@ -482,8 +483,11 @@ def evacuation_episode(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
 
 def is_descheduler_caused(vmi: VMIRecord, episode: Sequence[MigrationRecord]) -> bool:
     """The descheduler's eviction marked the VM: VMI annotation ``kubevirt.io/eviction-source:
-    descheduler`` or a ``system-maintenance`` VMIM, and no ``system-critical`` one (a drain's)."""
-    if any(m.priority == DRAIN_PRIORITY for m in episode):
+    descheduler`` or a ``system-maintenance`` VMIM, and no ``system-critical`` one (a drain's) nor one the guard
+    recorded as a drain's (``policy.cause``). A VMIM recorded as the descheduler's is no evidence for the episode:
+    after a cancel the episode keeps the cancelled VMIMs, and a later eviction by someone else continues it."""
+    if any(m.priority == DRAIN_PRIORITY or (not m.priority and m.evacuation_node and m.recorded_cause == DRAIN)
+           for m in episode):
         return False
     return vmi.eviction_source == DESCHEDULER_SOURCE or any(m.priority == DESCHEDULER_PRIORITY for m in episode)
 
