@@ -16,6 +16,7 @@ from app.policy import decide
 from app.policy.cause import cause_of
 from app.policy.cooldown import finished_migrations, relevant_migrations
 from app.policy.decide import (
+    awaits_external_controller,
     blocked_text,
     blocking_migration,
     describe_in_flight,
@@ -103,6 +104,7 @@ def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings:
     if vmi.evacuation_node:
         stuck = stuck_evacuation(vmi, migs, store.node(vmi.evacuation_node), now, settings)
         evacuation = {"from": vmi.evacuation_node, "source": vmi.eviction_source or None,
+                      "external": awaits_external_controller(vmi, migs, store.kubevirt()),
                       "stuck": stuck is not None, "why": stuck.why if stuck else None,
                       "waiting": blocked_text(blocked) if blocked is not None else None,
                       "staleAfterFailures": settings.evacuation_stale_after_failures,
@@ -234,6 +236,8 @@ def explanation_text(m: dict[str, Any]) -> str:
     ev = vmi["evacuation"]
     if ev is not None:
         lines.append(f"evacuation: from {ev['from']} source={ev['source'] or '-'} "
+                     + ("EXTERNAL (evictionStrategy External: its external controller replaces the VM; KubeVirt "
+                        "migrates nothing, node_busy does not count it) " if ev["external"] else "")
                      + (f"WAITING ({ev['waiting']}: blocked is not stuck, never cancelled)" if ev["waiting"]
                         else f"STUCK ({ev['why']})" if ev["stuck"] else "not stuck")
                      + f" (stuck after {ev['staleAfterFailures'] or 'no count of'} failed attempts"

@@ -16,7 +16,8 @@ from app.inspect.explain import eviction_request_fields, node_rest_fields, reque
 from app.inspect.fields import NO_POD_STATE, decision_fields, duration_text, emit, seconds, state_of, table, timestamp
 from app.inspect.vm import launcher_pods, per_vm, short_notes, vm_cooldown
 from app.policy import decide
-from app.policy.decide import not_migratable, source_cooldown, target_cooldown
+from app.policy.cooldown import relevant_migrations
+from app.policy.decide import awaits_external_controller, not_migratable, source_cooldown, target_cooldown
 from app.policy.model import PolicySettings, Reason
 from app.startup import clock, load_eviction_requests, load_store, policy_settings
 from app.timefmt import format_duration
@@ -101,6 +102,10 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
         notes.append(f"pinned={pod.pinned_to}")
     if unmovable is not None:
         notes.append("not-migratable")
+    external = awaits_external_controller(vmi, relevant_migrations(vmi, store.migrations(vmi.namespace, vmi.name)),
+                                          store.kubevirt())
+    if external:  # marked, evictionStrategy External: waits for its controller; not counted by node_busy
+        notes.append("external-evacuation")
     row.update(
         migrations=st.count if st else 0,
         lastEnd=timestamp(st.last_end) if st else None,
@@ -111,6 +116,8 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
         pinned=(pod.pinned_to or None) if pod else None,
         # why a descheduler eviction would shut it down instead of moving it (rule 7n); None when it would move
         notMigratable=unmovable,
+        # marked with evictionStrategy External and nothing migrating it: its external controller's to replace
+        externalEvacuation=vmi.evacuation_node if external else None,
         notes=notes,
     )
     return row

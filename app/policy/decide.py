@@ -17,6 +17,7 @@ from app.domain.records import (
     DESCHEDULER_SOURCE,
     DRAIN_PRIORITY,
     EXEMPT_OVERRIDE,
+    EXTERNAL,
     LIVE_MIGRATE_IF_POSSIBLE,
     PREFER_NO_EVICTION,
     RECEIVE,
@@ -285,13 +286,39 @@ def others_leaving(node: str, vmi: VMIRecord, view: ClusterView) -> list[tuple[s
     counts too: letting a second VM go beside it is the second retry loop the budget exists to prevent."""
     out = []
     key = vmi.key
+    kubevirt = view.kubevirt()
     for other in view.leaving_candidates(node):
         if other.key == key:
             continue
-        if is_leaving(other, relevant_migrations(other, view.migrations(other.namespace, other.name)), node):
+        migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
+        if is_leaving(other, migrations, node) and not awaits_external_controller(other, migrations, kubevirt):
             out.append(other.key)
     out.sort()
     return out
+
+
+def eviction_strategy(vmi: VMIRecord, kubevirt: KubeVirtRecord | None) -> str:
+    """The VMI's ``spec.evictionStrategy``, else the KubeVirt CR's (KubeVirt's default when it sets none); "" when
+    neither is known."""
+    if vmi.eviction_strategy:
+        return vmi.eviction_strategy
+    return kubevirt.effective_eviction_strategy if kubevirt is not None else ""
+
+
+def awaits_external_controller(vmi: VMIRecord, migrations: Sequence[MigrationRecord],
+                               kubevirt: KubeVirtRecord | None) -> bool:
+    """Marked for evacuation with ``evictionStrategy: External`` and nothing migrating it: it waits for its
+    external controller, not for KubeVirt. virt-api marks such a VM, and KubeVirt's evacuation controller never
+    migrates it (``VMIMigratableOnEviction`` is false for External). The controllers that use it replace the VM
+    rather than move it (the KubeVirt cloud provider deletes the tenant cluster's Machine; cluster-api-provider-
+    kubevirt reports the Machine failed for its MachineHealthCheck to replace), on their own schedule, however
+    long the mark stays. So it is no live migration leaving the node: rule 8 (``node_busy``) does not count it,
+    and it holds no node. Once a migration of it runs (a VMIM its controller created), it counts as any other."""
+    if not vmi.evacuation_node or eviction_strategy(vmi, kubevirt) != EXTERNAL:
+        return False
+    if vmi.migration is not None and vmi.migration.in_flight:
+        return False
+    return all(m.finished for m in migrations)
 
 
 def is_leaving(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str) -> bool:
@@ -351,10 +378,11 @@ def describe_leaver(key: tuple[str, str], view: ClusterView, node: str, now: flo
 def leavers(node: str, view: ClusterView, now: float, settings: PolicySettings) -> list[Leaver]:
     """Every VM leaving ``node`` (rule 8's count), oldest departure first (unknown ages last)."""
     node_rec = view.node(node)
+    kubevirt = view.kubevirt()
     out = []
     for vmi in view.leaving_candidates(node):
         migrations = relevant_migrations(vmi, view.migrations(vmi.namespace, vmi.name))
-        if is_leaving(vmi, migrations, node):
+        if is_leaving(vmi, migrations, node) and not awaits_external_controller(vmi, migrations, kubevirt):
             out.append(leaver(vmi, migrations, node, node_rec, now, settings))
     out.sort(key=lambda x: (x.age is None, -(x.age or 0.0), x.namespace, x.name))
     return out
