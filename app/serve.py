@@ -160,6 +160,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         else:
             metrics.set_canceller(DISABLED)
         effects.watch_held_nodes(cluster.store, settings, ready=lambda: ready().ready)
+        effects.watch_failing_evacuations(cluster.store, settings, ready=lambda: ready().ready)
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,

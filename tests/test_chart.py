@@ -700,6 +700,7 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         "KubevirtEvictionGuardDeschedulerMisconfigured", "KubevirtEvictionGuardCertificateExpiring",
         "KubevirtEvictionGuardDown", "KubevirtEvictionGuardFailingOpen",
         "KubevirtEvictionGuardNodeHeld", "KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt",
+        "KubevirtEvictionGuardEvacuationFailing",
     }
     # the API server's count of calls it could not make and let through (tests/test_chart_refusals.py)
     failing_open = alerts.pop("KubevirtEvictionGuardFailingOpen")

@@ -27,6 +27,7 @@ from app.effects.annotate import AnnotateJob, wanted
 from app.effects.cancel import StuckCanceller
 from app.effects.cause import CauseRecorder
 from app.effects.decision_log import log_decision
+from app.effects.failing import FailingEvacuationWatch
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
 from app.effects.held import HeldNodeWatch
 from app.effects.history import HistoryRecorder, HistoryView
@@ -69,6 +70,7 @@ class Effects:
         self.held: HeldNodeWatch | None = None
         self.sources: StaleSourceCleaner | None = None
         self.causes: CauseRecorder | None = None
+        self.failing: FailingEvacuationWatch | None = None
         self.metrics = metrics
 
     def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
@@ -111,6 +113,14 @@ class Effects:
                                   ready=ready, **kw)
         return self.held
 
+    def watch_failing_evacuations(self, store, settings: PolicySettings, ready: Callable[[], bool],
+                                  interval: float | None = None) -> FailingEvacuationWatch:
+        """Make evacuations that keep failing visible, whatever their cause (gauge, Events); cancels nothing."""
+        kw = {"interval": interval} if interval is not None else {}
+        self.failing = FailingEvacuationWatch(store, self.api, self.queue, self.metrics, settings, clock=self.clock,
+                                              ready=ready, **kw)
+        return self.failing
+
     def start(self) -> Effects:
         self.queue.start()
         if self.history is not None:
@@ -119,9 +129,13 @@ class Effects:
             self.canceller.start()
         if self.held is not None:
             self.held.start()
+        if self.failing is not None:
+            self.failing.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.failing is not None:
+            self.failing.stop(timeout)
         if self.held is not None:
             self.held.stop(timeout)
         if self.canceller is not None:
