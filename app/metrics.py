@@ -93,6 +93,11 @@ class Metrics:
                                 "Nodes whose leaving VMs have filled the node budget for longer than evacuationStaleAfter",
                                 registry=r)
         # evacuations that keep failing, whatever their cause (app/effects/failing.py); cause: app/policy/cause.py
+        self.held_node_oldest = Gauge(PREFIX + "held_node_oldest_seconds",
+                                      "How long the longest-held of the held nodes has been held (0 when none)",
+                                      registry=r)
+        # VMs whose cooldown (rule 9) runs now, counted every pass of app/effects/failing.py
+        self.vms_in_cooldown = Gauge(PREFIX + "vms_in_cooldown", "VMs whose migration cooldown runs now", registry=r)
         self.failing_evacuations = Gauge(PREFIX + "failing_evacuations",
                                          "Evacuations KubeVirt keeps retrying after evacuationStaleAfterFailures failed "
                                          "attempts (or failing for longer than evacuationStaleAfter), by cause",

@@ -3,7 +3,7 @@
 Every ``interval`` seconds this asks policy about every VMI and:
 
 - sets ``failing_evacuations{cause}`` and ``failing_evacuation_oldest_seconds`` (the chart's
-  ``KubevirtEvictionGuardEvacuationFailing`` alert reads the first);
+  ``KubevirtEvictionGuardEvacuationFailing`` alert reads the first), and ``vms_in_cooldown`` on the same walk;
 - writes a Warning Event ``EvacuationFailing`` on each such VMI, with the node, the failure count, the age, the
   cause and what to do (``virtctl evacuate-cancel``): once per VMI, node and failure count, and again every
   ``repeat`` seconds while it goes on (replicas each write theirs).
@@ -25,7 +25,7 @@ from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
 from app.policy.cause import CAUSES
-from app.policy.cooldown import relevant_migrations
+from app.policy.cooldown import cooldown_state, relevant_migrations, vm_settings
 from app.policy.failing import FailingEvacuation, failing_evacuation
 from app.policy.model import PolicySettings
 
@@ -66,10 +66,14 @@ class FailingEvacuationWatch(BackgroundLoop):
         super().__init__()
 
     def failing(self) -> list[FailingEvacuation]:
+        """The evacuations failing now; counts the VMs in cooldown on the way (the same walk)."""
         now = self.clock()
         out = []
+        cooling = 0
         for vmi in self.view.vmis():
             migrations = relevant_migrations(vmi, self.view.migrations(vmi.namespace, vmi.name))
+            state = cooldown_state(vmi, migrations, now, vm_settings(vmi, self.settings))
+            cooling += state is not None and state.active
             if not vmi.evacuation_node and all(m.finished for m in migrations):
                 continue  # the common case, cheap: nothing of an evacuation runs
             source = vmi.evacuation_node or next((m.evacuation_node for m in migrations
@@ -77,6 +81,7 @@ class FailingEvacuationWatch(BackgroundLoop):
             f = failing_evacuation(vmi, migrations, self.view.node(source) if source else None, now, self.settings)
             if f is not None:
                 out.append(f)
+        self.metrics.vms_in_cooldown.set(cooling)
         return sorted(out, key=lambda f: (f.namespace, f.name))
 
     def scan(self) -> int:

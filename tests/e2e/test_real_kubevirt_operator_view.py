@@ -4,6 +4,9 @@
 - "cause of each move": a descheduler move, a user's migration (a VMIM created through the API, as ``virtctl
   migrate`` does) and a drain are told apart after they finished, by ``report -o json`` and by
   ``migrations_total{cause}``, from the cause the guard recorded on each evacuation VMIM while it ran.
+- "external evacuation": a VM with ``evictionStrategy: External`` marked by virt-api does not hold its node.
+- "failing evacuation visible": a drain's evacuation whose every attempt fails raises the ``EvacuationFailing``
+  Event and the chart's alert (a real Prometheus scraping the guard, with the chart's rules), and is not cancelled.
 
 Shares the session's real-KubeVirt control plane (the ``kubevirt`` group) with test_real_kubevirt.py.
 """
@@ -13,10 +16,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.e2e.controlplane import ROOT
+from tests.e2e.guard_prometheus import GuardPrometheus
 from tests.e2e.kubevirt import GROUP, wait_for
 
 EVICTION_SOURCE = "kubevirt.io/eviction-source"
@@ -26,9 +31,29 @@ MIGRATIONS = "kubevirt_eviction_guard_migrations_total"
 pytestmark = pytest.mark.timeout(600)
 
 
+FAILING_FOR = "20s"  # the alert's `for` in these tests (the chart's default is 5m)
+
+
 @pytest.fixture(scope="module")
 def kv(real_kubevirt):
     return real_kubevirt
+
+
+@pytest.fixture(scope="module")
+def prometheus(kv, tmp_path_factory):
+    """A real Prometheus scraping the live guard, with the chart's PrometheusRule groups."""
+    from tests.test_chart import FULLNAME, MONITORING, NS, one, render
+    from tests.values import merge
+
+    values = merge(MONITORING, {"metrics": {"prometheusRule": {"rules": {"evacuationFailing": {"for": FAILING_FOR}}}}})
+    groups = one(render(values), "PrometheusRule")["spec"]["groups"]
+    p = GuardPrometheus(tmp_path_factory.mktemp("guard-prometheus"), f"{kv.guard.host}:{kv.guard.metrics_port}",
+                        FULLNAME, NS, groups)
+    try:
+        p.wait_until_scraping()
+        yield p
+    finally:
+        p.stop()
 
 
 def cli(kv, *args: str) -> tuple[int, str, str]:
@@ -172,3 +197,107 @@ def test_an_external_vm_marked_by_virt_api_does_not_hold_its_node(kv, detail):
     detail["detail"] = (f"{ns}: virt-api marked the External VM (429 background text), KubeVirt created no VMIM "
                         f"for it; the descheduler's next eviction from {a} was let through by the guard and "
                         f"KubeVirt migrated that VM ({vmim['metadata']['name']}); report notes external-evacuation")
+
+
+@pytest.mark.check("failing evacuation visible")
+def test_a_drains_failing_evacuation_raises_the_event_and_the_alert_and_is_not_cancelled(kv, prometheus, detail):
+    """kubectl drain of a node whose VM's every migration fails: KubeVirt retries it without limit. After
+    evacuationStaleAfterFailures (2 here) failed attempts the guard writes ``EvacuationFailing`` on the VMI (count,
+    age, cause, ``virtctl evacuate-cancel``), ``failing_evacuations{cause="evacuation"}`` turns 1 and the chart's
+    alert fires after its ``for``; the canceller, which runs every 2 s, leaves the drain's evacuation alone."""
+    g = kv.guard
+    ns = kv.cluster.fresh_namespace("drainfail")
+    a, b = kv.node("src"), kv.node("dst")
+    kv.nodes.targets[(ns, "vm")] = b
+    kv.nodes.copy_seconds[(ns, "vm")] = 1
+    kv.nodes.plans[(ns, "vm")] = ["fail"] * 8
+    kv.vm(ns, "vm", a)
+    kv.cluster.sync()
+    cp = kv.cp
+    drain = subprocess.Popen([str(cp.bin / "kubectl"), "--kubeconfig", str(cp.admin_kubeconfig), "drain", a,
+                              "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=500s"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # KubeVirt's retry waits for its backoff and the evacuation controller's next look at the node (virt-handler's
+        # heartbeat, 60 to 132 s)
+        wait_for(lambda: sum(1 for m in kv.vmims(ns, "vm") if m.get("status", {}).get("phase") == "Failed") >= 2,
+                 300, "two failed attempts of the drain's evacuation")
+        second = max(m["metadata"]["creationTimestamp"] for m in kv.vmims(ns, "vm"))
+        t0 = time.time()
+        (event,) = wait_for(lambda: kv.events(ns, "vm", "EvacuationFailing"), 60,
+                            "the guard's EvacuationFailing Event")[:1]
+        event_after = time.time() - t0
+        assert event.type == "Warning" and f'from node "{a}"' in event.message, event.message
+        assert "time(s)" in event.message and f"virtctl evacuate-cancel vmi vm -n {ns}" in event.message, event.message
+        assert "caused by a drain or another eviction" in event.message, event.message
+        causes = {(m["metadata"].get("annotations") or {}).get(CAUSE) for m in kv.vmims(ns, "vm")}
+        assert causes <= {"evacuation", None} and "evacuation" in causes, causes
+        assert g.metric("kubevirt_eviction_guard_failing_evacuations", cause="evacuation") >= 1
+        firing = wait_for(lambda: [al for al in prometheus.alerts()
+                                   if al["labels"].get("alertname") == "KubevirtEvictionGuardEvacuationFailing"
+                                   and al["state"] == "firing" and al["labels"].get("cause") == "evacuation"],
+                          90, f"the alert to fire (for: {FAILING_FOR})")
+        alert_after = time.time() - t0
+        # not cancelled: still marked after more canceller passes, and the guard never called evacuate/cancel
+        passes = g.metric("kubevirt_eviction_guard_background_passes_total", loop="canceller")
+        wait_for(lambda: g.metric("kubevirt_eviction_guard_background_passes_total", loop="canceller") >= passes + 3,
+                 30, "three more canceller passes")
+        assert kv.vmi(ns, "vm")["status"].get("evacuationNodeName") == a, "the drain's evacuation was cancelled"
+        cancels = [e for e in kv.cp.audit_events(kv.installation.username) if e["verb"] == "update"
+                   and e.get("objectRef", {}).get("subresource") == "evacuate"
+                   and e["objectRef"].get("namespace") == ns]
+        assert cancels == [], cancels
+    finally:
+        drain.kill()
+        drain.wait(10)
+        kv.nodes.plans[(ns, "vm")] = ["succeed"]
+        for m in kv.nodes.migrations_of(ns, "vm"):
+            if m.result is None:
+                kv.nodes.set_plan(m, "succeed")
+        with kv.cp.admin_http(timeout=10) as http:
+            http.put(f"/apis/{GROUP}/v1/namespaces/{ns}/virtualmachineinstances/vm/evacuate/cancel",
+                     json={"evacuationNodeName": a})
+        cp.kubectl("uncordon", a, check=False)
+    failures = sum(1 for m in kv.vmims(ns, "vm") if m.get("status", {}).get("phase") == "Failed")
+    detail["detail"] = (f"{ns}/vm: kubectl drain {a}, every attempt failed ({failures} Failed VMIMs, the last created "
+                        f"{second}); EvacuationFailing Event {event_after:.0f} s and the alert (for {FAILING_FOR}, "
+                        f"cause={firing[0]['labels']['cause']}) {alert_after:.0f} s after the second failure was "
+                        "seen; not cancelled by the guard")
+
+
+@pytest.mark.check("dashboard queries")
+def test_every_dashboard_panel_returns_data_from_a_real_prometheus_scraping_the_guard(kv, prometheus, detail):
+    """Each query of the chart's dashboard, Grafana's variables filled in as Grafana would (``$job`` = the
+    release's job, ``$__rate_interval`` = 1m at a 1 s scrape), run against the real Prometheus that has scraped the
+    live guard through this module's moves, failures and refusals: every one returns at least one sample."""
+    from tests.test_chart import FULLNAME
+    from tools.dashboard import OUT
+
+    board = json.loads(OUT.read_text())
+    # fresh decisions for the rate() panels: a drain's dry-run eviction of a quiet VM, answered by the guard
+    ns = kv.cluster.fresh_namespace("dash")
+    a = kv.node("dash")
+    kv.vm(ns, "vm", a)
+    kv.cluster.sync()
+    for _ in range(3):
+        kv.cluster.evict(ns, kv.source_pod(ns, "vm").metadata.name, descheduler=False, dry_run=True)
+    wait_for(lambda: kv.guard.metric("kubevirt_eviction_guard_vms_in_cooldown") >= 0
+             and prometheus.query(f'kubevirt_eviction_guard_vms_in_cooldown{{job="{FULLNAME}"}}'), 60,
+             "a pass of the guard's VM walk scraped")
+    results: dict[str, list] = {}
+
+    def all_answer() -> bool:
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"].replace("$job", FULLNAME).replace("$__rate_interval", "1m")
+                results[f"{panel['title']} / {target['legendFormat']}"] = prometheus.query(expr)
+        return all(results.values())
+
+    try:
+        wait_for(all_answer, 60, "every dashboard query to return data")
+    except AssertionError:
+        empty = [k for k, v in results.items() if not v]
+        raise AssertionError(f"dashboard queries without data: {empty}") from None
+    nan = sorted(k for k, v in results.items() if all(s["value"][1] == "NaN" for s in v))
+    detail["detail"] = (f"{len(results)} queries of {len(board['panels'])} panels all returned data from a real "
+                        f"Prometheus scraping the live guard" + (f"; NaN (no traffic in the window): {nan}" if nan else ""))
