@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
-.PHONY: run test setup certs clean fuzz simulate constraints bench bench-doc bench-servers bench-watch reliability docs e2e e2e-bin \
+.PHONY: run test setup certs clean fuzz simulate constraints dashboard bench bench-doc bench-servers bench-watch reliability docs e2e e2e-bin \
 	e2e-outcome e2e-oldest figures figures-check
 
 setup: $(STAMP)
@@ -195,3 +195,7 @@ figures: $(BENCH_STAMP) $(SIM_STAMP)
 # a section or its stamp is missing.
 figures-check: $(STAMP)
 	$(PY) -m tools.figures check
+
+# The chart's Grafana dashboard (charts/kubevirt-eviction-guard/dashboards/), built with Grafana's foundation SDK.
+dashboard: $(STAMP)
+	$(PY) -m tools.dashboard

@@ -80,7 +80,7 @@ class Metrics:
         self.evacuation_cancels = Counter(PREFIX + "evacuation_cancels_total",
                                           "Stuck descheduler evacuations the guard cancelled (evacuate/cancel), by outcome",
                                           ["outcome", "node", "namespace"], registry=r)
-        # loop: history_reconcile | canceller | held_nodes: the background loops' finished passes
+        # loop: history_reconcile | canceller | held_nodes | failing_evacuations: the background loops' finished passes
         self.background_passes = Counter(PREFIX + "background_passes_total",
                                          "Finished passes of the background loops over the cluster state", ["loop"],
                                          registry=r)
@@ -92,6 +92,18 @@ class Metrics:
         self.held_nodes = Gauge(PREFIX + "held_nodes",
                                 "Nodes whose leaving VMs have filled the node budget for longer than evacuationStaleAfter",
                                 registry=r)
+        # evacuations that keep failing, whatever their cause (app/effects/failing.py); cause: app/policy/cause.py
+        self.held_node_oldest = Gauge(PREFIX + "held_node_oldest_seconds",
+                                      "How long the longest-held of the held nodes has been held (0 when none)",
+                                      registry=r)
+        # VMs whose cooldown (rule 9) runs now, counted every pass of app/effects/failing.py
+        self.vms_in_cooldown = Gauge(PREFIX + "vms_in_cooldown", "VMs whose migration cooldown runs now", registry=r)
+        self.failing_evacuations = Gauge(PREFIX + "failing_evacuations",
+                                         "Evacuations KubeVirt keeps retrying after evacuationStaleAfterFailures failed "
+                                         "attempts (or failing for longer than evacuationStaleAfter), by cause",
+                                         ["cause"], registry=r)
+        self.failing_evacuation_age = Gauge(PREFIX + "failing_evacuation_oldest_seconds",
+                                            "Age of the oldest evacuation that keeps failing (0 when none)", registry=r)
         self.pinned_vms = Gauge(PREFIX + "pinned_vms",
                                 "VMs whose launcher pod may run on one node only (hostname nodeSelector or required "
                                 "node affinity): the descheduler's node-fit check skips them", registry=r)

@@ -150,6 +150,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         effects = build_effects(args, cluster.store, metrics, api_client=effects_client(args))
         if not args.no_side_effects and not getattr(args, "no_history_annotation", False):
             effects.record_history(cluster.store, settings, ready=lambda: cluster.health().ready)
+            effects.record_causes(cluster.store)
         ready = cluster.health
         if not args.no_side_effects and getattr(args, "cancel_stuck_evacuations", True):
             # a stale eviction-source would make a later evacuation the descheduler did not cause cancellable
@@ -159,6 +160,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         else:
             metrics.set_canceller(DISABLED)
         effects.watch_held_nodes(cluster.store, settings, ready=lambda: ready().ready)
+        effects.watch_failing_evacuations(cluster.store, settings, ready=lambda: ready().ready)
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,

@@ -121,6 +121,8 @@ def healthy_day() -> list[dict]:
         series.append(s(P + "descheduler_background_evictions", f'{labels}, state="disabled"', f"0+0x{DAY}"))
         series.append(s(P + "descheduler_config_info", f'{labels}, node_limit_above_kubevirt="false"', f"1+0x{DAY}"))
         series.append(s(P + "held_nodes", labels, f"0+0x{DAY}"))
+        for cause in ("descheduler", "evacuation", "user"):
+            series.append(s(P + "failing_evacuations", f'{labels}, cause="{cause}"', f"0+0x{DAY}"))
         # a cert-manager certificate renewed 30 days before its 90 days end
         series.append(s(P + "tls_certificate_expiry_timestamp_seconds", labels, f"{60 * 86400}+0x{DAY}"))
     series.append(s("apiserver_admission_webhook_fail_open_count", f'name="{WEBHOOK}", type="admit"', f"0+0x{DAY}"))
@@ -237,6 +239,17 @@ def node_held() -> tuple[list[dict], list[tuple[str, str, list[dict]]]]:
     return series, [("15m", name, []), ("30m", name, [{"alertname": name}])]
 
 
+def evacuation_failing() -> tuple[list[dict], list[tuple[str, str, list[dict]]]]:
+    """A drain's evacuation keeps failing (both replicas see it); the descheduler's count stays 0."""
+    m = 30
+    series = ready("guard-a", m) + ready("guard-b", m)
+    for pod in ("guard-a", "guard-b"):
+        series.append(s(P + "failing_evacuations", f'{SEL}, pod="{pod}", cause="evacuation"', f"0+0x5 1+0x{m - 5}"))
+        series.append(s(P + "failing_evacuations", f'{SEL}, pod="{pod}", cause="descheduler"', f"0+0x{m}"))
+    name = "KubevirtEvictionGuardEvacuationFailing"
+    return series, [("8m", name, []), ("15m", name, [{"alertname": name, "cause": "evacuation"}])]
+
+
 def node_limit_above_kubevirt() -> tuple[list[dict], list[tuple[str, str, list[dict]]]]:
     m = 90
     series = ready("guard-a", m) + [s(P + "descheduler_config_info", f'{SEL}, pod="guard-a", node_limit_above_kubevirt="true"',
@@ -264,6 +277,7 @@ FIRING = {
     "KubevirtEvictionGuardFailingOpen": failing_open,
     "KubevirtEvictionGuardDeschedulerMisconfigured": descheduler_misconfigured,
     "KubevirtEvictionGuardNodeHeld": node_held,
+    "KubevirtEvictionGuardEvacuationFailing": evacuation_failing,
     "KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt": node_limit_above_kubevirt,
     "KubevirtEvictionGuardCertificateExpiring": certificate_expiring,
 }
@@ -273,4 +287,5 @@ FIRING = {
 @pytest.mark.parametrize("alert", sorted(FIRING))
 def test_the_alert_fires_on_what_it_is_about(tmp_path, alert) -> None:
     series, checks = FIRING[alert]()
-    promtool(tmp_path, series, checks, values={"KubevirtEvictionGuardNodeHeld": "2"})
+    promtool(tmp_path, series, checks, values={"KubevirtEvictionGuardNodeHeld": "2",
+                                               "KubevirtEvictionGuardEvacuationFailing": "1"})

@@ -275,10 +275,12 @@ def grants(role: dict) -> set[tuple[str, str, str]]:
 LEAST_PRIVILEGE = (
     {(g, r, v) for g, r in (("kubevirt.io", "virtualmachineinstances"), ("kubevirt.io", "virtualmachineinstancemigrations"),
                             ("kubevirt.io", "kubevirts"), ("", "pods"), ("", "nodes")) for v in ("get", "list", "watch")}
-    | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch")}
+    | {("", "pods", "patch"), ("kubevirt.io", "virtualmachineinstances", "patch"),
+       ("kubevirt.io", "virtualmachineinstancemigrations", "patch")}
     | {("", "events", v) for v in ("create", "patch")}
 )
 HISTORY_WRITE = {("kubevirt.io", "virtualmachineinstances", "patch")}
+CAUSE_WRITE = {("kubevirt.io", "virtualmachineinstancemigrations", "patch")}  # the cause annotation on VMIMs
 DESCHEDULER_ROLE = {"deschedulerCheck": {"createRole": "always"}}
 DESCHEDULER_READ = {("operator.openshift.io", "kubedeschedulers", v) for v in ("get", "list", "watch")}
 # kube-apiserver authorizes .../evacuate/cancel as subresource "evacuate", virt-api as "evacuate/cancel"
@@ -305,9 +307,9 @@ def test_rbac_grants_exactly_the_listed_verbs():
             if d["kind"] == "Role"] == []
     no_history = render({"historyAnnotation": {"enabled": False}})
     # the canceller keeps the VMI patch: it removes KubeVirt's stale eviction-source annotation
-    assert grants(one(no_history, "ClusterRole")) == LEAST_PRIVILEGE | CANCEL
+    assert grants(one(no_history, "ClusterRole")) == (LEAST_PRIVILEGE - CAUSE_WRITE) | CANCEL
     neither = render({"historyAnnotation": {"enabled": False}, "cancelStuckEvacuations": {"enabled": False}})
-    assert grants(one(neither, "ClusterRole")) == LEAST_PRIVILEGE - HISTORY_WRITE
+    assert grants(one(neither, "ClusterRole")) == LEAST_PRIVILEGE - HISTORY_WRITE - CAUSE_WRITE
     assert "--no-history-annotation" in container(no_history)["args"]
     assert "--no-history-annotation" not in container(docs)["args"]
     not_cancelling = render({"cancelStuckEvacuations": {"enabled": False}})
@@ -698,6 +700,7 @@ def test_prometheus_rule_alerts_on_what_the_guard_exports():
         "KubevirtEvictionGuardDeschedulerMisconfigured", "KubevirtEvictionGuardCertificateExpiring",
         "KubevirtEvictionGuardDown", "KubevirtEvictionGuardFailingOpen",
         "KubevirtEvictionGuardNodeHeld", "KubevirtEvictionGuardDeschedulerNodeLimitAboveKubeVirt",
+        "KubevirtEvictionGuardEvacuationFailing",
     }
     # the API server's count of calls it could not make and let through (tests/test_chart_refusals.py)
     failing_open = alerts.pop("KubevirtEvictionGuardFailingOpen")
@@ -1061,7 +1064,37 @@ def test_the_admission_policy_is_bound_and_matches_the_guards_writes():
     assert policy["spec"]["failurePolicy"] == "Fail"
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["operations"]))
              for r in policy["spec"]["matchConstraints"]["resourceRules"]}
-    assert rules == {(("",), ("pods",), ("UPDATE",)), (("kubevirt.io",), ("virtualmachineinstances",), ("UPDATE",))}
+    assert rules == {(("",), ("pods",), ("UPDATE",)), (("kubevirt.io",), ("virtualmachineinstances",), ("UPDATE",)),
+                     (("kubevirt.io",), ("virtualmachineinstancemigrations",), ("UPDATE",))}
     assert GUARD_USER == f"system:serviceaccount:{NS}:{one(docs, 'ServiceAccount')['metadata']['name']}"
     assert [d for d in render({"validatingAdmissionPolicy": {"enabled": False}})
             if d["kind"].startswith("ValidatingAdmissionPolicy")] == []
+
+
+CAUSE_KEY = "kubevirt-eviction-guard.io/cause"
+
+
+def vmim_pair(annotations: dict, spec: dict | None = None) -> tuple[dict, dict]:
+    old = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+           "metadata": {"name": "kubevirt-evacuation-x", "namespace": "vms", "uid": "m1", "resourceVersion": "5",
+                        "annotations": {"kubevirt.io/evacuationMigration": "node-a"},
+                        "labels": {"kubevirt.io/vmi-name": "db"}},
+           "spec": {"vmiName": "db"}, "status": {"phase": "Running"}}
+    new = json.loads(json.dumps(old))
+    new["metadata"]["resourceVersion"] = "6"
+    new["metadata"]["annotations"].update(annotations)
+    if spec is not None:
+        new["spec"] = spec
+    return old, new
+
+
+@pytest.mark.parametrize(("annotations", "spec", "allowed"), [
+    ({CAUSE_KEY: "descheduler"}, None, True),  # what the cause recorder writes
+    ({HISTORY_KEY: "[]"}, None, False),  # the VMI's annotation is not the VMIM's
+    ({"kubevirt.io/evacuationMigration": "node-b"}, None, False),
+    ({CAUSE_KEY: "descheduler"}, {"vmiName": "other"}, False),
+])
+def test_the_admission_policy_lets_the_guard_change_only_the_cause_on_a_vmim(annotations, spec, allowed):
+    old, new = vmim_pair(annotations, spec)
+    verdict = vap_verdict(old, new, "virtualmachineinstancemigrations")
+    assert (verdict == []) is allowed, verdict

@@ -36,8 +36,13 @@ def count(metrics: Metrics, cause: str, outcome: str) -> float:
     ({"priority": "system-critical", "evacuation_node": "node-a"}, "evacuation"),
     ({"priority": "user-triggered"}, "user"),
     ({"priority": "system-maintenance", "workload_update": True}, "workload-update"),
-    ({"evacuation_node": "node-a"}, "evacuation"),  # KubeVirt < 1.7: no priority
-    ({}, "unknown"),
+    ({"evacuation_node": "node-a"}, "evacuation"),  # no priority and no cause recorded by the guard
+    ({"evacuation_node": "node-a", "cause": "descheduler"}, "descheduler"),  # recorded by the guard
+    ({"evacuation_node": "node-a", "cause": "evacuation"}, "evacuation"),
+    ({"evacuation_node": "node-a", "cause": "user"}, "evacuation"),  # only the two values the guard writes count
+    ({"priority": "system-critical", "evacuation_node": "node-a", "cause": "descheduler"}, "evacuation"),
+    ({}, "user"),  # created through the API: virtctl migrate, no priority before KubeVirt 1.9
+    ({"cause": "descheduler"}, "user"),  # the guard's record counts on evacuations only
     ({"priority": "something-new"}, "unknown"),
 ])
 def test_cause_from_priority_and_annotations(kw, cause):

@@ -70,3 +70,30 @@ def test_only_the_last_five_and_the_section_in_the_report():
     lines = [line for line in text.splitlines() if line.startswith("  vms/db ")]
     assert len(lines) == 5 and all(" evacuation " in line for line in lines)
     assert history_text([]).rstrip().endswith("none")
+
+
+def test_without_a_priority_the_cause_the_guard_recorded_and_a_users_vmim_are_told_apart():
+    """KubeVirt 1.7/1.8 defaults: no spec.priority; the guard's cause annotation on evacuation VMIMs, none on a
+    VMIM a user created (virtctl migrate)."""
+    store = store_with(
+        o.vmi(NS, "db", node="node-a", uid="uid-db"),
+        mig("desched", 3000, evacuation_node="node-a", cause="descheduler", source_node="node-a", target_node="node-b"),
+        mig("drain", 2000, evacuation_node="node-b", cause="evacuation", source_node="node-b", target_node="node-a"),
+        mig("virtctl", 1000, source_node="node-a", target_node="node-b"),
+        mig("unrecorded", 500, evacuation_node="node-b", source_node="node-b", target_node="node-a"),
+    )
+    rows = {r["migration"]: r["cause"] for r in migration_history(store, store.vmi(NS, "db"))}
+    assert rows == {"desched": "descheduler", "drain": "evacuation", "virtctl": "user", "unrecorded": "evacuation"}
+
+
+def test_causes_from_the_history_annotation_once_the_vmims_are_gone():
+    from app.domain.history import HISTORY_ANNOTATION, HistoryEntry, encode_history
+
+    value = encode_history([HistoryEntry("uid-old", NOW - 9000, NOW - 8000, "Succeeded", "descheduler"),
+                            HistoryEntry("uid-gc", NOW - 900, NOW - 600, "Succeeded", "user")])
+    vmi = o.vmi(NS, "db", node="node-b", uid="uid-db", migration=o.migration_state(
+        start=NOW - 900, end=NOW - 600, source_node="node-a", target_node="node-b", uid="uid-gc"))
+    vmi["metadata"]["annotations"][HISTORY_ANNOTATION] = value
+    store = store_with(vmi)
+    rows = migration_history(store, store.vmi(NS, "db"))
+    assert [(r["cause"], r["source"]) for r in rows] == [("user", "node-a"), ("descheduler", None)], rows

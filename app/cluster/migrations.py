@@ -1,20 +1,5 @@
-"""Why a VM moved, and the counter of finished migrations.
-
-KubeVirt with its MigrationPriorityQueue feature gate (GA in 1.9; in 1.7 and 1.8 off
-unless enabled) gives every VMIM a ``spec.priority`` that says who asked for it, and
-keeps it on finished VMIMs (the 5 most recent per VMI), so the cause of each recent
-migration can be read back from the API at any time:
-
-- ``system-maintenance``: an evacuation whose VMI carried
-  ``kubevirt.io/eviction-source: descheduler``, i.e. the descheduler;
-- ``system-critical``: any other evacuation, i.e. a drain (kubectl drain, a
-  maintenance operator, cluster-autoscaler) or another eviction;
-- ``user-triggered``: a VMIM a user created (``virtctl migrate``).
-
-The annotations refine it: ``kubevirt.io/workloadUpdateMigration`` marks the
-workload updater's migrations (KubeVirt upgrades); ``kubevirt.io/evacuationMigration``
-names the node an evacuation empties, which is all there is without the gate (KubeVirt 1.8's
-default): a descheduler's evacuation then counts as ``evacuation``.
+"""The counter of finished migrations, by cause (``app/policy/cause.py``: the VMIM's ``spec.priority`` where
+KubeVirt sets one, else the guard's own record of an evacuation's cause, else the annotations KubeVirt writes).
 
 ``migrations_total{cause,outcome}`` counts VMIMs *as this process sees them
 finish*: a VMIM the store held unfinished that arrives Succeeded or Failed (by a
@@ -22,6 +7,7 @@ watch event, or by a relist after a broken watch). VMIMs already final when firs
 seen, as at start-up, are not counted: they finished before this process was
 watching (a counter must not jump on every restart; ``rate()`` and ``increase()``
 over replicas and restarts stay right). Each VMIM uid counts once per process.
+The guard records an evacuation's cause while it runs, so the VMIM carries it when it finishes.
 """
 
 from __future__ import annotations
@@ -30,31 +16,18 @@ from collections import OrderedDict
 
 from app.domain.records import MigrationRecord
 from app.metrics import Metrics
+from app.policy.cause import (  # noqa: F401 (the names report and explain read from here)
+    BY_PRIORITY,
+    DESCHEDULER,
+    DRAIN,
+    UNKNOWN,
+    USER,
+    WORKLOAD_UPDATE,
+    cause_of,
+    describe_cause,
+)
 
-DESCHEDULER, DRAIN, USER, WORKLOAD_UPDATE, UNKNOWN = "descheduler", "evacuation", "user", "workload-update", "unknown"
-BY_PRIORITY = {"system-maintenance": DESCHEDULER, "system-critical": DRAIN, "user-triggered": USER}
 MAX_REMEMBERED = 100_000  # uids already counted; a VMIM finishes once, this only guards odd replays
-
-
-def cause_of(m: MigrationRecord) -> str:
-    """One word for who moved the VM: descheduler | evacuation | user | workload-update | unknown."""
-    if m.workload_update:
-        return WORKLOAD_UPDATE
-    if m.priority in BY_PRIORITY:
-        return BY_PRIORITY[m.priority]
-    if m.evacuation_node:  # no priority (gate off): an evacuation; descheduler or drain cannot be told apart
-        return DRAIN
-    return UNKNOWN
-
-
-def describe_cause(m: MigrationRecord) -> str:
-    """The cause with its evidence, for people: "descheduler (system-maintenance, evacuating node-a)"."""
-    evidence = [e for e in (
-        m.priority,
-        f"evacuating {m.evacuation_node}" if m.evacuation_node else "",
-        "workload update" if m.workload_update else "",
-    ) if e]
-    return cause_of(m) + (f" ({', '.join(evidence)})" if evidence else "")
 
 
 class MigrationCounter:

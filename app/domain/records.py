@@ -35,6 +35,7 @@ WORKLOAD_UPDATE_MIGRATION = "kubevirt.io/workloadUpdateMigration"
 # KubeVirt writes it on the VMI when the descheduler's eviction marked it (removed once the migration completes)
 EVICTION_SOURCE = "kubevirt.io/eviction-source"
 DESCHEDULER_SOURCE = "descheduler"
+CAUSE_ANNOTATION = "kubevirt-eviction-guard.io/cause"  # the guard's record of who caused an evacuation VMIM
 DESCHEDULER_PRIORITY = "system-maintenance"  # VMIM spec.priority of descheduler-caused evacuations (MigrationPriorityQueue)
 DRAIN_PRIORITY = "system-critical"  # VMIM spec.priority of any other evacuation: a drain
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -268,6 +269,7 @@ class MigrationRecord:
     decentralized: str = ""  # SEND_TO or RECEIVE: one side of a migration across namespaces or clusters
     blocked: str = ""  # the first BLOCKING_CONDITIONS type with status True: the migration waits
     blocked_reason: str = ""  # that condition's reason and message, short
+    recorded_cause: str = ""  # annotation kubevirt-eviction-guard.io/cause (app/effects/cause.py)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -323,6 +325,7 @@ def migration_from_object(obj: Any) -> MigrationRecord:
         decentralized=_decentralized(spec),
         blocked=_s(blocking.get("type")) if blocking else "",
         blocked_reason=_reason_text(blocking) if blocking else "",
+        recorded_cause=_s(_d(meta.get("annotations")).get(CAUSE_ANNOTATION)),
     )
 
 

@@ -1,6 +1,6 @@
 """What a decision causes besides the answer: a log line, an Event, the annotation;
-and, apart from decisions, the VMIs' migration history (``history.py``) and the removal of KubeVirt's
-stale ``eviction-source`` annotation (``source.py``).
+and, apart from decisions, the VMIs' migration history (``history.py``), the cause of each evacuation on its
+VMIM (``cause.py``) and the removal of KubeVirt's stale ``eviction-source`` annotation (``source.py``).
 
 Denials get an ``EvictionBlocked`` Event; allowed descheduler evictions of a VM's
 pod (reason ``allowed``) an ``EvictionAllowed`` one, once the watch shows the
@@ -25,7 +25,9 @@ from app.backoff import Backoff
 from app.domain.view import ClusterView
 from app.effects.annotate import AnnotateJob, wanted
 from app.effects.cancel import StuckCanceller
+from app.effects.cause import CauseRecorder
 from app.effects.decision_log import log_decision
+from app.effects.failing import FailingEvacuationWatch
 from app.effects.events import DEFAULT_INTERVAL, EventRecorder
 from app.effects.held import HeldNodeWatch
 from app.effects.history import HistoryRecorder, HistoryView
@@ -67,6 +69,8 @@ class Effects:
         self.canceller: StuckCanceller | None = None
         self.held: HeldNodeWatch | None = None
         self.sources: StaleSourceCleaner | None = None
+        self.causes: CauseRecorder | None = None
+        self.failing: FailingEvacuationWatch | None = None
         self.metrics = metrics
 
     def record_history(self, store: HistoryView, settings: PolicySettings, ready: Callable[[], bool],
@@ -77,6 +81,13 @@ class Effects:
                                        passes=self.metrics.background_passes.labels("history_reconcile"), **kw)
         store.add_listener(self.history.on_change)  # type: ignore[attr-defined]
         return self.history
+
+    def record_causes(self, store: HistoryView) -> CauseRecorder:
+        """Record who caused each evacuation on its VMIM while it runs (live mode; ``cause.py``): ``store`` must
+        offer ``add_listener``."""
+        self.causes = CauseRecorder(store, self.api, self.queue)
+        store.add_listener(self.causes.on_change)  # type: ignore[attr-defined]
+        return self.causes
 
     def clean_stale_sources(self, store: HistoryView) -> StaleSourceCleaner:
         """Remove ``kubevirt.io/eviction-source`` from VMIs it no longer speaks for (live mode; ``source.py``):
@@ -102,6 +113,14 @@ class Effects:
                                   ready=ready, **kw)
         return self.held
 
+    def watch_failing_evacuations(self, store, settings: PolicySettings, ready: Callable[[], bool],
+                                  interval: float | None = None) -> FailingEvacuationWatch:
+        """Make evacuations that keep failing visible, whatever their cause (gauge, Events); cancels nothing."""
+        kw = {"interval": interval} if interval is not None else {}
+        self.failing = FailingEvacuationWatch(store, self.api, self.queue, self.metrics, settings, clock=self.clock,
+                                              ready=ready, **kw)
+        return self.failing
+
     def start(self) -> Effects:
         self.queue.start()
         if self.history is not None:
@@ -110,9 +129,13 @@ class Effects:
             self.canceller.start()
         if self.held is not None:
             self.held.start()
+        if self.failing is not None:
+            self.failing.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.failing is not None:
+            self.failing.stop(timeout)
         if self.held is not None:
             self.held.stop(timeout)
         if self.canceller is not None:

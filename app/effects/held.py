@@ -104,6 +104,7 @@ class HeldNodeWatch(BackgroundLoop):
         now = self.clock()
         held = self.held()
         self.metrics.held_nodes.set(len(held))
+        self.metrics.held_node_oldest.set(max((h.held_for for h in held), default=0.0))
         pinned, unmovable = self.unmovable_vms()
         self.metrics.pinned_vms.set(pinned)
         self.metrics.not_migratable_vms.set(unmovable)

@@ -51,6 +51,7 @@ from app.effects.annotate import json_pointer_token
 from app.effects.kubeapi import Conflict, EffectsApi, NotFound
 from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue, Retry
+from app.policy.cause import cause_of
 from app.policy.cooldown import relevant_migrations, vm_settings
 from app.policy.model import PolicySettings
 
@@ -83,7 +84,7 @@ def known_migrations(vmi: VMIRecord, migrations: Iterable[MigrationRecord]) -> l
         out.append(HistoryEntry(state.uid, state.start, state.end, "Failed" if state.failed else "Succeeded"))
     for m in relevant_migrations(vmi, migrations):
         if m.finished and m.end is not None:
-            out.append(HistoryEntry(m.uid, m.start, m.end, m.phase))
+            out.append(HistoryEntry(m.uid, m.start, m.end, m.phase, cause_of(m)))
     return out
 
 
@@ -96,17 +97,19 @@ def merge(existing: Sequence[HistoryEntry], known: Iterable[HistoryEntry], now: 
     values winning; then only entries that ended within the window (``end >= now -
     window``: an entry dropped here is out of the window for any later decision), at
     most ``history_bound`` newest. It adds something when a kept entry's identity is
-    not among ``existing``'s."""
+    not among ``existing``'s, or it has a cause that entry lacks or names otherwise."""
     union = {e.identity: e for e in existing}
-    had = set(union)
+    had = {e.identity: e.cause for e in existing}
     for k in known:
+        if not k.cause and union.get(k.identity) is not None:  # the migrationState knows no cause: keep ours
+            k = HistoryEntry(k.uid, k.start, k.end, k.outcome, union[k.identity].cause)
         union[k.identity] = k
     horizon = now - settings.migration_history_window
     # newest by end; ties (impossible for one VMI, possible in an edited value) by identity, so that
     # which entries are kept does not depend on the order they came in
     kept = sorted((e for e in union.values() if e.end >= horizon),
                   key=lambda e: (e.end, str(e.identity)))[-history_bound(settings):]
-    return kept, any(e.identity not in had for e in kept)
+    return kept, any(e.identity not in had or (e.cause and had[e.identity] != e.cause) for e in kept)
 
 
 def history_patch(resource_version: str, has_annotations: bool, value: str) -> list[dict[str, Any]]:

@@ -64,6 +64,8 @@ class EffectsApi(Protocol):
 
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
 
+    def patch_vmim(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None: ...
+
     def cancel_evacuation(self, namespace: str, name: str, node: str) -> None:
         """KubeVirt (v1.8+) ``evacuate/cancel`` subresource: clear the VMI's mark for ``node``."""
         ...
@@ -145,6 +147,10 @@ class KubeEffectsApi:
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         self._call(self.custom.patch_namespaced_custom_object, "kubevirt.io", "v1", namespace,
                    "virtualmachineinstances", name, patch, _content_type=JSON_PATCH)
+
+    def patch_vmim(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        self._call(self.custom.patch_namespaced_custom_object, "kubevirt.io", "v1", namespace,
+                   "virtualmachineinstancemigrations", name, patch, _content_type=JSON_PATCH)
 
     def cancel_evacuation(self, namespace: str, name: str, node: str) -> None:
         # the generated clients have no method for KubeVirt's aggregated API: the client's own request path
@@ -228,3 +234,7 @@ class LogOnlyApi:
     def patch_vmi(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         log.info("would patch VMI (no API server)", extra={"namespace": namespace, "vmi": name,
                                                             "patch": orjson.dumps(patch).decode()})
+
+    def patch_vmim(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+        log.info("would patch VMIM (no API server)", extra={"namespace": namespace, "vmim": name,
+                                                             "patch": orjson.dumps(patch).decode()})

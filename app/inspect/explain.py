@@ -13,8 +13,10 @@ from app.inspect.cluster import kubevirt_fields
 from app.inspect.fields import decision_fields, duration_text, emit, seconds, timestamp
 from app.inspect.vm import cooldown_fields, long_notes, per_vm, vm_cooldown
 from app.policy import decide
+from app.policy.cause import cause_of
 from app.policy.cooldown import finished_migrations, relevant_migrations
 from app.policy.decide import (
+    awaits_external_controller,
     blocked_text,
     blocking_migration,
     describe_in_flight,
@@ -102,6 +104,7 @@ def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings:
     if vmi.evacuation_node:
         stuck = stuck_evacuation(vmi, migs, store.node(vmi.evacuation_node), now, settings)
         evacuation = {"from": vmi.evacuation_node, "source": vmi.eviction_source or None,
+                      "external": awaits_external_controller(vmi, migs, store.kubevirt()),
                       "stuck": stuck is not None, "why": stuck.why if stuck else None,
                       "waiting": blocked_text(blocked) if blocked is not None else None,
                       "staleAfterFailures": settings.evacuation_stale_after_failures,
@@ -116,9 +119,12 @@ def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings:
                                  "reason": blocked.blocked_reason or None} if blocked is not None else None),
                     "perVm": per_vm(vmi, pod, settings)}
     finished = sorted(finished_migrations(vmi, migs), key=lambda f: f.end)
+    # who moved it: the VMIM while KubeVirt keeps it, else the guard's history annotation
+    causes = {h.uid: h.cause for h in vmi.history if h.uid and h.cause} | {m.uid: cause_of(m) for m in migs if m.uid}
     model["finishedMigrations"] = [
         {"uid": f.uid or None, "start": timestamp(f.start), "end": timestamp(f.end), "ago": seconds(now - f.end),
-         "duration": seconds(f.end - f.start) if f.start is not None else None} for f in finished]
+         "duration": seconds(f.end - f.start) if f.start is not None else None,
+         "cause": causes.get(f.uid) or "unknown"} for f in finished]
     model["cooldown"] = cooldown_fields(vm_cooldown(store, vmi, now, settings), settings)
     held = held_node(node, store, now, settings) if node is not None else None
     model["leaving"] = {"node": pod.node or None, "vmis": leaving_others(store, vmi, pod.node, now, settings),
@@ -230,6 +236,8 @@ def explanation_text(m: dict[str, Any]) -> str:
     ev = vmi["evacuation"]
     if ev is not None:
         lines.append(f"evacuation: from {ev['from']} source={ev['source'] or '-'} "
+                     + ("EXTERNAL (evictionStrategy External: its external controller replaces the VM; KubeVirt "
+                        "migrates nothing, node_busy does not count it) " if ev["external"] else "")
                      + (f"WAITING ({ev['waiting']}: blocked is not stuck, never cancelled)" if ev["waiting"]
                         else f"STUCK ({ev['why']})" if ev["stuck"] else "not stuck")
                      + f" (stuck after {ev['staleAfterFailures'] or 'no count of'} failed attempts"
@@ -238,7 +246,7 @@ def explanation_text(m: dict[str, Any]) -> str:
     lines.append(f"finished migrations ({len(m['finishedMigrations'])}):")
     for f in m["finishedMigrations"]:
         lines.append(f"  ended {f['end']} ({format_duration(f['ago'])} ago), took "
-                     f"{duration_text(f['duration'], 'unknown')}, uid {f['uid'] or '-'}")
+                     f"{duration_text(f['duration'], 'unknown')}, cause {f['cause']}, uid {f['uid'] or '-'}")
     c = m["cooldown"]
     if c is not None:
         floor = "migrationCooldown" if c["floorFrom"] == "migrationCooldown" else f"{c['floorFrom']} (this VM)"

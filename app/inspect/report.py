@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from app.cluster.migrations import cause_of
+from app.policy.cause import cause_of
 from app.cluster.store import ClusterStore
 from app.domain.records import FINAL_PHASES, LauncherPod, VMIRecord
 from app.inspect.cluster import cluster_warnings, descheduler_fields, kubevirt_fields
@@ -16,7 +16,8 @@ from app.inspect.explain import eviction_request_fields, node_rest_fields, reque
 from app.inspect.fields import NO_POD_STATE, decision_fields, duration_text, emit, seconds, state_of, table, timestamp
 from app.inspect.vm import launcher_pods, per_vm, short_notes, vm_cooldown
 from app.policy import decide
-from app.policy.decide import not_migratable, source_cooldown, target_cooldown
+from app.policy.cooldown import relevant_migrations
+from app.policy.decide import awaits_external_controller, not_migratable, source_cooldown, target_cooldown
 from app.policy.model import PolicySettings, Reason
 from app.startup import clock, load_eviction_requests, load_store, policy_settings
 from app.timefmt import format_duration
@@ -101,6 +102,10 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
         notes.append(f"pinned={pod.pinned_to}")
     if unmovable is not None:
         notes.append("not-migratable")
+    external = awaits_external_controller(vmi, relevant_migrations(vmi, store.migrations(vmi.namespace, vmi.name)),
+                                          store.kubevirt())
+    if external:  # marked, evictionStrategy External: waits for its controller; not counted by node_busy
+        notes.append("external-evacuation")
     row.update(
         migrations=st.count if st else 0,
         lastEnd=timestamp(st.last_end) if st else None,
@@ -111,6 +116,8 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
         pinned=(pod.pinned_to or None) if pod else None,
         # why a descheduler eviction would shut it down instead of moving it (rule 7n); None when it would move
         notMigratable=unmovable,
+        # marked with evictionStrategy External and nothing migrating it: its external controller's to replace
+        externalEvacuation=vmi.evacuation_node if external else None,
         notes=notes,
     )
     return row
@@ -150,15 +157,28 @@ def migration_history(store: ClusterStore, vmi: VMIRecord, limit: int = HISTORY_
             "target": m.target_node or (state.target_node if state else "") or None,
             "outcome": m.phase if m.phase in FINAL_PHASES else f"in flight ({m.phase or 'queued'})",
             "migration": m.name}))
+    recorded = {h.uid: h for h in vmi.history if h.uid}  # the guard's history annotation: causes outlive VMIMs
+    shown = {m.uid for m in vmims if m.uid}
     if latest is not None and latest.started and not any(m.uid == latest.uid for m in vmims if latest.uid):
         when = latest.end if latest.ended else None
+        shown.add(latest.uid)
         entries.append((when if when is not None else latest.start or 0.0, {
-            "ended": timestamp(when), "cause": "unknown", "priority": None, "annotations": [],
+            "ended": timestamp(when), "cause": _recorded_cause(recorded.get(latest.uid)), "priority": None,
+            "annotations": [],
             "source": latest.source_node or None, "target": latest.target_node or None,
             "outcome": "in flight" if latest.in_flight else ("Failed" if latest.failed else "Succeeded"),
             "migration": None}))
+    for h in vmi.history:
+        if h.uid and h.uid not in shown:
+            entries.append((h.end, {
+                "ended": timestamp(h.end), "cause": _recorded_cause(h), "priority": None, "annotations": [],
+                "source": None, "target": None, "outcome": h.outcome or "finished", "migration": None}))
     entries.sort(key=lambda e: e[0], reverse=True)
     return [row for _, row in entries[:limit]]
+
+
+def _recorded_cause(entry) -> str:
+    return (entry.cause if entry is not None else "") or "unknown"
 
 
 # ---- the text view -------------------------------------------------------------
@@ -223,14 +243,14 @@ def node_cooldowns_text(nc: dict[str, Any]) -> str:
 def history_row(h: dict[str, Any]) -> list[str]:
     return [h["ended"] or "-", h["cause"], h["priority"] or "-", ",".join(h["annotations"]) or "-",
             f"{h['source'] or '?'} -> {h['target'] or '?'}", h["outcome"],
-            h["migration"] or "(VMIM gone; from the VMI's migrationState)"]
+            h["migration"] or "(VMIM gone; from the VMI's migrationState or the guard's history)"]
 
 
 def history_text(migrations: list[dict[str, Any]], limit: int = HISTORY_PER_VMI) -> str:
-    """Why each VM moved: its last migrations with their cause (VMIM ``spec.priority``:
-    system-maintenance = descheduler, system-critical = drain or evacuation, user-triggered = user)."""
-    text = (f"\nRecent migrations (newest first, up to {limit} per VMI; cause from the VMIM's spec.priority: "
-            "system-maintenance = descheduler, system-critical = drain or evacuation, user-triggered = user):\n")
+    """Why each VM moved: its last migrations with their cause (``app.policy.cause``)."""
+    text = (f"\nRecent migrations (newest first, up to {limit} per VMI; cause from the VMIM's spec.priority "
+            "(system-maintenance = descheduler, system-critical = drain or evacuation, user-triggered = user), else "
+            "the cause the guard recorded on the evacuation VMIM, else a VMIM created through the API = user):\n")
     if not migrations:
         return text + "  none\n"
     rows = [[f"{h['namespace']}/{h['vmi']}", *history_row(h)] for h in migrations]

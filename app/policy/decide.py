@@ -17,6 +17,7 @@ from app.domain.records import (
     DESCHEDULER_SOURCE,
     DRAIN_PRIORITY,
     EXEMPT_OVERRIDE,
+    EXTERNAL,
     LIVE_MIGRATE_IF_POSSIBLE,
     PREFER_NO_EVICTION,
     RECEIVE,
@@ -31,6 +32,7 @@ from app.domain.records import (
 )
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
+from app.policy.cause import DRAIN
 from app.policy.cooldown import cooldown_state, relevant_migrations
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionAttempt, PolicySettings, Reason
 from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
@@ -284,13 +286,39 @@ def others_leaving(node: str, vmi: VMIRecord, view: ClusterView) -> list[tuple[s
     counts too: letting a second VM go beside it is the second retry loop the budget exists to prevent."""
     out = []
     key = vmi.key
+    kubevirt = view.kubevirt()
     for other in view.leaving_candidates(node):
         if other.key == key:
             continue
-        if is_leaving(other, relevant_migrations(other, view.migrations(other.namespace, other.name)), node):
+        migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
+        if is_leaving(other, migrations, node) and not awaits_external_controller(other, migrations, kubevirt):
             out.append(other.key)
     out.sort()
     return out
+
+
+def eviction_strategy(vmi: VMIRecord, kubevirt: KubeVirtRecord | None) -> str:
+    """The VMI's ``spec.evictionStrategy``, else the KubeVirt CR's (KubeVirt's default when it sets none); "" when
+    neither is known."""
+    if vmi.eviction_strategy:
+        return vmi.eviction_strategy
+    return kubevirt.effective_eviction_strategy if kubevirt is not None else ""
+
+
+def awaits_external_controller(vmi: VMIRecord, migrations: Sequence[MigrationRecord],
+                               kubevirt: KubeVirtRecord | None) -> bool:
+    """Marked for evacuation with ``evictionStrategy: External`` and nothing migrating it: it waits for its
+    external controller, not for KubeVirt. virt-api marks such a VM, and KubeVirt's evacuation controller never
+    migrates it (``VMIMigratableOnEviction`` is false for External). The controllers that use it replace the VM
+    rather than move it (the KubeVirt cloud provider deletes the tenant cluster's Machine; cluster-api-provider-
+    kubevirt reports the Machine failed for its MachineHealthCheck to replace), on their own schedule, however
+    long the mark stays. So it is no live migration leaving the node: rule 8 (``node_busy``) does not count it,
+    and it holds no node. Once a migration of it runs (a VMIM its controller created), it counts as any other."""
+    if not vmi.evacuation_node or eviction_strategy(vmi, kubevirt) != EXTERNAL:
+        return False
+    if vmi.migration is not None and vmi.migration.in_flight:
+        return False
+    return all(m.finished for m in migrations)
 
 
 def is_leaving(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str) -> bool:
@@ -350,10 +378,11 @@ def describe_leaver(key: tuple[str, str], view: ClusterView, node: str, now: flo
 def leavers(node: str, view: ClusterView, now: float, settings: PolicySettings) -> list[Leaver]:
     """Every VM leaving ``node`` (rule 8's count), oldest departure first (unknown ages last)."""
     node_rec = view.node(node)
+    kubevirt = view.kubevirt()
     out = []
     for vmi in view.leaving_candidates(node):
         migrations = relevant_migrations(vmi, view.migrations(vmi.namespace, vmi.name))
-        if is_leaving(vmi, migrations, node):
+        if is_leaving(vmi, migrations, node) and not awaits_external_controller(vmi, migrations, kubevirt):
             out.append(leaver(vmi, migrations, node, node_rec, now, settings))
     out.sort(key=lambda x: (x.age is None, -(x.age or 0.0), x.namespace, x.name))
     return out
@@ -482,8 +511,11 @@ def evacuation_episode(vmi: VMIRecord, migrations: Sequence[MigrationRecord], no
 
 def is_descheduler_caused(vmi: VMIRecord, episode: Sequence[MigrationRecord]) -> bool:
     """The descheduler's eviction marked the VM: VMI annotation ``kubevirt.io/eviction-source:
-    descheduler`` or a ``system-maintenance`` VMIM, and no ``system-critical`` one (a drain's)."""
-    if any(m.priority == DRAIN_PRIORITY for m in episode):
+    descheduler`` or a ``system-maintenance`` VMIM, and no ``system-critical`` one (a drain's) nor one the guard
+    recorded as a drain's (``policy.cause``). A VMIM recorded as the descheduler's is no evidence for the episode:
+    after a cancel the episode keeps the cancelled VMIMs, and a later eviction by someone else continues it."""
+    if any(m.priority == DRAIN_PRIORITY or (not m.priority and m.evacuation_node and m.recorded_cause == DRAIN)
+           for m in episode):
         return False
     return vmi.eviction_source == DESCHEDULER_SOURCE or any(m.priority == DESCHEDULER_PRIORITY for m in episode)
 

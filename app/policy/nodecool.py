@@ -8,6 +8,9 @@ without a priority counts when its VMI carries ``kubevirt.io/eviction-source:
 descheduler`` and that annotation is not stale (``policy.source``: KubeVirt never
 clears it after a cancel). A priority that names another cause (a drain's
 ``system-critical``, a user's ``user-triggered``) is trusted over the annotation.
+Without a priority, the cause the guard recorded on the evacuation VMIM while it ran
+(``policy.cause``) counts: KubeVirt removes the VMI's annotation when the move succeeds,
+so after the move it is the only evidence left.
 
 The length scales like a VM's cooldown: base = max(floor, duration of the
 last move), doubled for each further descheduler move of the node within
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from app.domain.records import DESCHEDULER_PRIORITY, DESCHEDULER_SOURCE, MigrationRecord
 from app.domain.view import ClusterView
+from app.policy.cause import DESCHEDULER, RECORDABLE
 from app.policy.cooldown import scaled_cooldown
 from app.policy.source import stale_eviction_source
 
@@ -44,6 +48,8 @@ class NodeCooldown:
 def descheduler_caused(m: MigrationRecord, view: ClusterView) -> bool:
     if m.priority:
         return m.priority == DESCHEDULER_PRIORITY
+    if m.evacuation_node and m.recorded_cause in RECORDABLE:
+        return m.recorded_cause == DESCHEDULER
     vmi = view.vmi(m.namespace, m.vmi_name)
     return (vmi is not None and vmi.eviction_source == DESCHEDULER_SOURCE
             and not stale_eviction_source(vmi, view.migrations(vmi.namespace, vmi.name)))

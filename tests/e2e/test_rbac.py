@@ -53,6 +53,7 @@ GUARD_CALLS = {
     ("get", "kubevirt.io", "virtualmachineinstances", "", True): "app/effects/kubeapi.py read_vmi (annotate, history)",
     ("patch", "", "pods", "", True): "app/effects/annotate.py eviction-in-progress",
     ("patch", "kubevirt.io", "virtualmachineinstances", "", True): "app/effects/history.py migration history",
+    ("patch", "kubevirt.io", "virtualmachineinstancemigrations", "", True): "app/effects/cause.py evacuation cause",
     ("create", "", "events", "", True): "app/effects/events.py EvictionBlocked/EvictionAllowed",
     ("patch", "", "events", "", True): "app/effects/events.py aggregation (count)",
     ("update", "subresources.kubevirt.io", "virtualmachineinstances", "evacuate", True):
@@ -90,7 +91,6 @@ FORBIDDEN = [
     ("delete", "kubevirt.io", "virtualmachineinstances", "", "vms"),
     ("create", "kubevirt.io", "virtualmachineinstancemigrations", "", "vms"),
     ("delete", "kubevirt.io", "virtualmachineinstancemigrations", "", "vms"),
-    ("patch", "kubevirt.io", "virtualmachineinstancemigrations", "", "vms"),
     ("update", "subresources.kubevirt.io", "virtualmachineinstances", "migrate", "vms"),
     ("update", "subresources.kubevirt.io", "virtualmachines", "stop", "vms"),
     ("patch", "kubevirt.io", "kubevirts", "", "kubevirt"),
@@ -129,7 +129,7 @@ def key_of(ev: dict) -> tuple[str, str, str, str, bool]:
 
 def exercise_every_call(cluster, guard) -> str:
     """Make the guard make each of its calls now (the session's other tests may not have): a finished migration
-    (history patch), a rule-7 denial twice (VMI get, pod patch, Event create, then an Event patch), a stuck
+    (history patch), a running evacuation without a priority (the cause patch), a rule-7 denial twice (VMI get, pod patch, Event create, then an Event patch), a stuck
     descheduler evacuation (the canceller's PUT). Returns the namespace it used."""
     ns = cluster.fresh_namespace("rbac")
     node, other = cluster.fresh_node(), cluster.fresh_node()
@@ -138,6 +138,10 @@ def exercise_every_call(cluster, guard) -> str:
     stuck_node = cluster.fresh_node()
     cluster.vm(ns, "stuck", stuck_node, evacuation_node=stuck_node,
                annotations={"kubevirt.io/eviction-source": "descheduler"})
+    # an evacuation running without a priority (KubeVirt 1.8's default): the guard records its cause on the VMIM
+    running_node = cluster.fresh_node()
+    cluster.vm(ns, "evacuating", running_node, evacuation_node=running_node)
+    cluster.objects.vmim(ns, "evacuating-0", "evacuating", "Running", evacuation_node=running_node)
     for i in range(3):
         cluster.objects.vmim(ns, f"stuck-{i}", "stuck", "Failed", evacuation_node=stuck_node,
                              priority="system-maintenance",
@@ -164,6 +168,7 @@ def exercise_every_call(cluster, guard) -> str:
     eventually(lambda: made("patch", "pods", marked.pod_name), 20, "the eviction-in-progress patch")
     eventually(lambda: made("patch", "events", created[0]["objectRef"]["name"]), 20, "the Event aggregation patch")
     eventually(lambda: made("update", "virtualmachineinstances", "stuck", "evacuate"), 20, "the evacuate/cancel PUT")
+    eventually(lambda: made("patch", "virtualmachineinstancemigrations", "evacuating-0"), 20, "the cause patch")
     assert EVICTION_IN_PROGRESS in cluster.objects.get_pod(ns, marked.pod_name)["metadata"]["annotations"]
     return ns
 

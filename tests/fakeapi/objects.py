@@ -173,8 +173,10 @@ def vmim(
     created: Time = None,
     priority: str = "",
     workload_update: bool = False,
+    cause: str = "",
 ) -> dict:
-    """``priority``: spec.priority (KubeVirt >= 1.7); ``workload_update``: the workload updater's annotation."""
+    """``priority``: spec.priority (KubeVirt >= 1.7); ``workload_update``: the workload updater's annotation;
+    ``cause``: the guard's ``kubevirt-eviction-guard.io/cause``."""
     uid = _uid(uid)
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid,
                             "labels": {"kubevirt.io/vmi-name": vmi_name}, "annotations": {}}
@@ -182,6 +184,8 @@ def vmim(
         meta["annotations"]["kubevirt.io/evacuationMigration"] = evacuation_node
     if workload_update:
         meta["annotations"]["kubevirt.io/workloadUpdateMigration"] = ""
+    if cause:
+        meta["annotations"]["kubevirt-eviction-guard.io/cause"] = cause
     if created is not None:
         meta["creationTimestamp"] = ts(created)
     status: dict[str, Any] = {"phase": phase}
