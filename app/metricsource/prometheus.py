@@ -202,7 +202,9 @@ class PrometheusSource:
         except httpx.HTTPError as e:
             raise PrometheusError(f"cannot reach Prometheus: {type(e).__name__}: {e}") from None
         if r.status_code != 200:
-            raise PrometheusError(f"Prometheus answered {r.status_code} to {promql!r}: {printable_head(r.text)}")
+            hint = ("; no token was sent (a reader's token: --prometheus-token-file, or the chart's prometheus.token)"
+                    if r.status_code in (401, 403) and "Authorization" not in headers else "")
+            raise PrometheusError(f"Prometheus answered {r.status_code} to {promql!r}: {printable_head(r.text)}{hint}")
         try:
             body = r.json()
         except ValueError:
