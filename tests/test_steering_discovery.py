@@ -236,3 +236,31 @@ def test_report_names_an_unreachable_prometheus(capsys) -> None:
 def test_a_bad_descheduler_policy_flag_stops_start_up(capsys) -> None:
     code = cli_main(["report", "--snapshot", "examples/demo-snapshot.yaml", "--descheduler-policy", "no-slash"])
     assert code == 2 and "--descheduler-policy: expected NAMESPACE/NAME, got 'no-slash'" in capsys.readouterr().err
+
+
+@pytest.mark.prometheus
+def test_a_steering_refusal_writes_no_event_where_other_denials_do(api, tmp_path) -> None:
+    prometheus = start_prometheus(tmp_path / "prometheus")
+    try:
+        api.put(configmap("kube-system", "descheduler", policy(prometheus.url)))
+        api.load([vmi("leaving", "worker-b", evacuation="worker-b"), pod("leaving", "worker-b")])
+        api.load(OBJECTS)
+        g = GuardProcess(tmp_path, ["--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+                                    "--shutdown-drain", "0s", "--no-descheduler-check", "--event-interval", "0s",
+                                    "--prometheus-interval", "1s", "--prometheus-max-age", "10m"])
+        try:
+            g.wait_healthy()
+            with g.client() as http:
+                ready_state(http, "on")
+                for _ in range(3):
+                    r = evict(http, "virt-launcher-db-abcde")
+                    assert reason(r) == "better_candidate", r["status"]
+                assert reason(evict(http, "virt-launcher-leaving-abcde")) == "evacuation_pending"
+            events = eventually(lambda: [e for e in api.events() if e.get("reason") == "EvictionBlocked"] or None,
+                                timeout=10, what="the evacuation_pending Event")
+            names = {e["involvedObject"]["name"] for e in events}
+            assert names == {"leaving"}, events  # none for vms/db
+        finally:
+            g.stop()
+    finally:
+        prometheus.stop()
