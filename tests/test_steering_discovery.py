@@ -264,3 +264,32 @@ def test_a_steering_refusal_writes_no_event_where_other_denials_do(api, tmp_path
             g.stop()
     finally:
         prometheus.stop()
+
+
+def test_rediscovery_follows_the_policy_and_keeps_its_prometheus_through_an_api_error(api) -> None:
+    from app.metricsource.discovery import Discovery, Provider
+    from app.metricsource.prometheus import PrometheusSource
+    from app.metricsource.steering import Steering
+
+    built: list[PrometheusSource] = []
+
+    def build(p: Provider) -> PrometheusSource:
+        built.append(PrometheusSource(p.url))
+        return built[-1]
+
+    st = Steering.found(Discovery(None, "no ConfigMap kube-system/descheduler"), build)
+    assert st.state() == ("not_found", "no ConfigMap kube-system/descheduler") and st.usage() is None
+    api.put(configmap("kube-system", "descheduler", policy("http://127.0.0.1:9")))
+    with _client(api) as c:
+        st._swap(discover(c, ["kube-system/descheduler"]))
+        assert st.source is built[-1] and st.source.url == "http://127.0.0.1:9"
+        assert st.state()[0] in ("pending", "unreachable"), st.state()  # started at once: nothing listens there
+        assert st.usage() is None  # a discovered Prometheus steers only once it has answered
+        api.fail(500, times=-1)
+        st._swap(discover(c, ["kube-system/descheduler"]))  # cannot read the policy: keep the poller
+        assert st.source is built[-1], st.state()
+        api.clear_faults()
+        api.delete("configmap", "kube-system", "descheduler")
+        st._swap(discover(c, ["kube-system/descheduler"]))  # the policy is gone: so is steering
+    assert st.source is None and st.state()[0] == "not_found" and len(built) == 1, st.state()
+    st.stop()

@@ -60,6 +60,7 @@ class Provider:
 class Discovery:
     provider: Provider | None
     why: str  # when provider is None: what was looked at and what it said
+    certain: bool = True  # False when a policy could not be read (an error other than 404): the answer may be wrong
 
 
 def configmap_ref(text: str) -> tuple[str, str]:
@@ -113,7 +114,7 @@ def _api_problem(e: Exception, what: str) -> str:
 def discover(api: client.ApiClient, configmaps: Sequence[str], timeout: float = 10.0) -> Discovery:
     """The first Prometheus provider named by the policies in ``configmaps`` (``NS/NAME``), in order."""
     core = client.CoreV1Api(api)
-    said = []
+    said, certain = [], True
     for ref in configmaps:
         ns, name = configmap_ref(ref)
         where = f"ConfigMap {ns}/{name}"
@@ -121,6 +122,7 @@ def discover(api: client.ApiClient, configmaps: Sequence[str], timeout: float = 
             cm = core.read_namespaced_config_map(name, ns, _request_timeout=timeout)
         except (ApiException, HTTPError, OSError) as e:
             said.append(_api_problem(e, where))
+            certain = certain and isinstance(e, ApiException) and e.status == 404
             continue
         text = (cm.data or {}).get(POLICY_KEY)
         if not text:
@@ -134,7 +136,7 @@ def discover(api: client.ApiClient, configmaps: Sequence[str], timeout: float = 
         if provider is not None:
             return Discovery(provider, "")
         said.append(f"the descheduler's policy in {where} names no Prometheus metrics provider")
-    return Discovery(None, "; ".join(said) or "no policy ConfigMap to look in")
+    return Discovery(None, "; ".join(said) or "no policy ConfigMap to look in", certain)
 
 
 class SecretToken:

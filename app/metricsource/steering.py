@@ -106,6 +106,8 @@ class Steering:
     # -- lifecycle ---------------------------------------------------------
 
     def _swap(self, discovery: Discovery) -> None:
+        if discovery.provider is None and self.source is not None and not discovery.certain:
+            return  # the policy could not be read just now: keep what was found
         if discovery.provider == self.provider and (discovery.provider is not None or self.source is None):
             if self.source is None:
                 self._why = discovery.why
