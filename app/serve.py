@@ -129,7 +129,7 @@ def live_cluster(args: argparse.Namespace, metrics: Metrics) -> ClusterWatch:
 
 
 def with_usage(ctx: GuardContext, args: argparse.Namespace) -> GuardContext:
-    st = steering(args, ctx.metrics, discover=not args.snapshot)
+    st = steering(args, ctx.metrics, discover=not args.snapshot, background=True)
     ctx.usage, ctx.usage_source = st.usage, st
     return ctx
 

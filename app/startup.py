@@ -132,7 +132,7 @@ def check_steering(args: argparse.Namespace) -> None:
             raise SettingsError(f"--prometheus-ca {ca}: not a readable PEM CA bundle: {e}") from None
 
 
-def steering(args: argparse.Namespace, metrics=None, *, discover: bool = True):
+def steering(args: argparse.Namespace, metrics=None, *, discover: bool = True, background: bool = False):
     """How steering runs (nothing started): ``--steering off``; ``--prometheus-url``; else, on a live cluster
     (``discover``), the Prometheus named by the descheduler's policy (app/metricsource/discovery.py)."""
     from app.metricsource.steering import DISABLED, FLAG, NOT_CONFIGURED, Steering
@@ -152,8 +152,10 @@ def steering(args: argparse.Namespace, metrics=None, *, discover: bool = True):
     from app.metricsource.discovery import discover as find
 
     api = api_client(getattr(args, "kubeconfig", None), getattr(args, "kube_context", None), pool_size=2)
-    return Steering.found(find(api, refs), lambda p: discovered_source(args, p, api, metrics),
-                          rediscover=lambda: find(api, refs), rediscover_every=60.0, metrics=metrics)
+    build = lambda p: discovered_source(args, p, api, metrics)  # noqa: E731
+    if background:  # serve: nothing waits on the API server before the port is bound
+        return Steering.discovering(lambda: find(api, refs), build, rediscover_every=60.0, metrics=metrics)
+    return Steering.found(find(api, refs), build, metrics=metrics)
 
 
 def steering_once(args: argparse.Namespace):

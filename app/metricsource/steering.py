@@ -7,12 +7,13 @@ descheduler's own policy names (``discovery``); ``--steering off``: never. The s
     disabled        --steering off
     not_configured  no --prometheus-url, and nothing to discover from (a snapshot, or no policy ConfigMaps)
     not_found       no policy names a Prometheus (or the guard may not read it)
-    pending         a Prometheus is known; its first query round has not ended
+    pending         the policy is being read, or a Prometheus is known and its first query round has not ended
     unreachable     it does not answer, or answers with an error
     no_data         it answers without the descheduler's series, or with stale ones
 
 exported as ``steering_state{state=...}`` (exactly one is 1), logged when it changes, and shown by ``report``.
 
+``serve`` discovers in the background (its first round at once); ``explain`` and ``report`` before they decide.
 A discovered Prometheus that has never answered with data leaves every decision as it is without steering
 (``usage`` is None); once it has, it fails open as an explicit ``--prometheus-url`` does (``metrics_unavailable``).
 While the provider came from discovery, or none was found, the policies are read again every ``rediscover_every``
@@ -48,6 +49,7 @@ class Steering:
         self.provider: Provider | None = None
         self.rediscover, self.build, self.rediscover_every = rediscover, build, rediscover_every
         self._said: tuple[str, str] | None = None
+        self._first = False  # discover at once when started (``discovering``)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -99,18 +101,28 @@ class Steering:
         if now[0] == ON:
             log.info("steering on", extra=extra)
         elif now[0] == PENDING:
-            log.info("steering pending: polling Prometheus", extra=extra)
+            log.info("steering pending", extra=extra)
         else:
             log.info("steering off", extra=extra)
 
     # -- lifecycle ---------------------------------------------------------
 
+    @classmethod
+    def discovering(cls, rediscover: Callable[[], Discovery], build: Callable[[Provider], PrometheusSource],
+                    **kw) -> Steering:
+        """Discovery in the background, the first at once (start-up does not wait on the API server)."""
+        steering = cls(None, "", PENDING, "reading the descheduler's policy", rediscover=rediscover, build=build, **kw)
+        steering._first = True
+        return steering
+
     def _swap(self, discovery: Discovery) -> None:
         if discovery.provider is None and self.source is not None and not discovery.certain:
             return  # the policy could not be read just now: keep what was found
-        if discovery.provider == self.provider and (discovery.provider is not None or self.source is None):
-            if self.source is None:
-                self._why = discovery.why
+        if discovery.provider is None and self.source is None:
+            self._state, self._why = NOT_FOUND, discovery.why
+            self.said()
+            return
+        if discovery.provider == self.provider:
             return
         old = self.source
         with self._lock:
@@ -129,7 +141,8 @@ class Steering:
             self.source.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.rediscover_every):
+        while not self._stop.wait(0.0 if self._first else self.rediscover_every):
+            self._first = False
             try:
                 assert self.rediscover is not None
                 self._swap(self.rediscover())
