@@ -103,7 +103,7 @@ def prometheus_source(args: argparse.Namespace, metrics=None):
 
 
 def policy_configmaps(args: argparse.Namespace) -> list[str]:
-    """``--descheduler-policy``: the ConfigMaps (``NS/NAME``, comma-separated) to find the descheduler's Prometheus in."""
+    """``--descheduler-policy``: the ConfigMaps (``NS/NAME``, comma-separated) holding the descheduler's policy."""
     from app.metricsource.discovery import DEFAULT_POLICY_CONFIGMAPS, configmap_ref
 
     raw = getattr(args, "descheduler_policy", None)

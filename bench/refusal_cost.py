@@ -40,7 +40,8 @@ def measure(cycles: int, cycle_seconds: float, event_interval: str, seed: int = 
     try:
         with FakeApiServer() as api:
             api.load(OBJECTS)
-            api.put({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "kube-system", "name": "descheduler"},
+            api.put({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"namespace": "kube-system", "name": "descheduler"},
                      "data": {"policy.yaml": POLICY % prometheus.url}})
             g = GuardProcess(work, ["--kubeconfig", str(api.write_kubeconfig(work / "kubeconfig")),
                                     "--shutdown-drain", "0s", "--no-descheduler-check", "--no-history-annotation",

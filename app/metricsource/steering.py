@@ -127,7 +127,8 @@ class Steering:
         old = self.source
         with self._lock:
             if discovery.provider is None:
-                self.source, self.provider, self.origin, self._state, self._why = None, None, "", NOT_FOUND, discovery.why
+                self.source, self.provider, self.origin = None, None, ""
+                self._state, self._why = NOT_FOUND, discovery.why
             else:
                 assert self.build is not None
                 source = self.build(discovery.provider)
