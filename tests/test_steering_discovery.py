@@ -293,3 +293,30 @@ def test_rediscovery_follows_the_policy_and_keeps_its_prometheus_through_an_api_
         st._swap(discover(c, ["kube-system/descheduler"]))  # the policy is gone: so is steering
     assert st.source is None and st.state()[0] == "not_found" and len(built) == 1, st.state()
     st.stop()
+
+
+@pytest.mark.parametrize("url, secret, token_file, sent", [
+    ("https://prom:9091", None, None, None),  # the descheduler's own token: the guard has none to send
+    ("https://prom:9091", None, "reader-token", "file"),  # a reader's, given to the guard
+    ("https://prom:9091", ("ds", "tok"), "reader-token", "secret"),  # the very token the descheduler sends
+    ("http://prom:9090", ("ds", "tok"), "reader-token", None),  # never in clear text
+])
+def test_a_discovered_prometheus_gets_the_descheduler_s_token_or_a_reader_s_never_the_guard_s(
+        tmp_path, url, secret, token_file, sent) -> None:
+    from app.cli import build_parser
+    from app.metricsource.discovery import Provider
+    from app.startup import discovered_source
+
+    argv = ["report"]
+    if token_file:
+        (tmp_path / token_file).write_text("reader\n")
+        argv += ["--prometheus-token-file", str(tmp_path / token_file)]
+    args = build_parser().parse_args(argv)
+    source = discovered_source(args, Provider(url, secret, "ConfigMap a/b"), api=None)
+    try:
+        got = ("secret" if isinstance(source.token_reader, SecretToken) else
+               "file" if source.token_file else None)
+        assert got == sent, (source.token_reader, source.token_file)
+        assert source.token_file in (None, str(tmp_path / "reader-token"))  # never the ServiceAccount's own path
+    finally:
+        source.stop()
