@@ -320,3 +320,11 @@ def test_a_discovered_prometheus_gets_the_descheduler_s_token_or_a_reader_s_neve
         assert source.token_file in (None, str(tmp_path / "reader-token"))  # never the ServiceAccount's own path
     finally:
         source.stop()
+
+
+def test_explain_says_why_steering_is_off(capsys) -> None:
+    code = cli_main(["explain", "-n", "vms", "--pod", "virt-launcher-rhel9-db-01-a1b2c", "--snapshot",
+                     "examples/demo-snapshot.yaml", "--now", "2026-11-21T12:00:00Z", "--steering", "off", "-o", "json"])
+    assert code in (0, 1)
+    st = json.loads(capsys.readouterr().out)["steeringState"]
+    assert (st["state"], st["why"]) == ("disabled", "--steering off"), st

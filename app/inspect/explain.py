@@ -54,8 +54,9 @@ def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
         where = f"in {args.snapshot}" if args.snapshot else "among the cluster's virt-launcher pods"
         raise UsageError(f"pod {req.namespace}/{req.name} not found {where}")
     requests = load_eviction_requests(args)
-    usage = steering_once(args).usage()
-    model = explanation(req, store, now, settings, usage, requests)
+    st = steering_once(args)
+    model = explanation(req, store, now, settings, st.usage(), requests)
+    model["steeringState"] = st.fields()  # on, or why not (docs/steering.md)
     emit(model, getattr(args, "output", "text"), explanation_text, out)
     return EXIT_ALLOWED if model["allowed"] else EXIT_DENIED
 
@@ -254,6 +255,9 @@ def explanation_text(m: dict[str, Any]) -> str:
     lines.append(f"target-node cooldown (8c): {node_rest_text(m['targetNodeCooldown'])}")
     if m["steering"] is not None:
         lines += steering_text(m["steering"])
+    elif m.get("steeringState"):
+        st = m["steeringState"]
+        lines.append(f"steering: off: {st['state'].replace('_', ' ')}: {st['why']}")
     return "\n".join(lines) + "\n"
 
 
