@@ -121,7 +121,9 @@ def check_steering(args: argparse.Namespace) -> None:
     if getattr(args, "steering", "auto") == "off" and getattr(args, "prometheus_url", None):
         raise SettingsError("--steering off: contradicts --prometheus-url (give one or the other)")
     policy_configmaps(args)
-    prometheus_source(args)
+    source = prometheus_source(args)  # built to be checked, then closed
+    if source is not None:
+        source.stop()
     ca = getattr(args, "prometheus_ca", None)
     if ca:
         import ssl
