@@ -135,12 +135,24 @@ def _kube_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _prometheus_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("steering with Prometheus (rule 10; off unless --prometheus-url is given)")
+    g = p.add_argument_group("steering with Prometheus (docs/steering.md; on wherever the descheduler's Prometheus is "
+                             "found, or --prometheus-url)")
+    g.add_argument("--steering", choices=("auto", "off"), default="auto",
+                   help="auto (default): steer with --prometheus-url, else with the Prometheus the descheduler's "
+                        "policy names (live cluster only); off: never")
+    g.add_argument("--descheduler-policy", metavar="NS/NAME,...", default=None,
+                   help="ConfigMaps holding the descheduler's policy (key policy.yaml), read in order to find its "
+                        "Prometheus (default openshift-kube-descheduler-operator/cluster,kube-system/descheduler; "
+                        "'' for none)")
     g.add_argument("--prometheus-url", metavar="URL",
-                   help="Prometheus or thanos-querier base URL (https://thanos-querier.openshift-monitoring.svc:9091)")
+                   help="Prometheus or thanos-querier base URL (https://thanos-querier.openshift-monitoring.svc:9091); "
+                        "wins over discovery")
     g.add_argument("--prometheus-token-file", metavar="FILE",
-                   help="bearer token, re-read every round (/var/run/secrets/kubernetes.io/serviceaccount/token)")
-    g.add_argument("--prometheus-ca", metavar="FILE", help="CA bundle that signed Prometheus' certificate")
+                   help="bearer token, re-read every round (a metrics reader's: never the guard's own); also sent to a "
+                        "discovered Prometheus whose policy names no authToken Secret")
+    g.add_argument("--prometheus-ca", metavar="FILE", help="CA bundle that signed Prometheus' certificate (default for a "
+                                                           "discovered one: the pod's ServiceAccount ca.crt, as the "
+                                                           "descheduler)")
     g.add_argument("--prometheus-interval", metavar="GO_DURATION", default=None, help="query interval (default 30s)")
     g.add_argument("--prometheus-max-age", metavar="GO_DURATION", default=None,
                    help="older data fails open with reason metrics_unavailable (default 3 x the interval)")
@@ -252,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     _source_flags(report)
     _kube_flags(report)
     _policy_flags(report)
+    _prometheus_flags(report)
 
     certs = sub.add_parser("certs", help="CA and serving certificate for a Service, and the caBundle",
                            description="Write a CA (ca.crt) and a serving certificate (tls.crt, tls.key) for a "

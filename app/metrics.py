@@ -73,6 +73,9 @@ class Metrics:
                                          "Age of the usage data from Prometheus that steering decides with", registry=r)
         self.prometheus_queries = Counter(PREFIX + "prometheus_queries_total", "Prometheus query rounds, by outcome",
                                           ["outcome"], registry=r)
+        # on | disabled | not_configured | not_found | pending | unreachable | no_data (app/metricsource/steering.py)
+        self.steering_state = Gauge(PREFIX + "steering_state", "1 for steering's state: on, or why it is off",
+                                    ["state"], registry=r)
         # cause: descheduler | evacuation | user | workload-update | unknown (app/cluster/migrations.py)
         self.migrations = Counter(PREFIX + "migrations_total", "VMIMs seen to finish, by cause and outcome",
                                   ["cause", "outcome"], registry=r)

@@ -22,7 +22,7 @@ from app.effects import Effects, KubeEffectsApi, LogOnlyApi
 from app.effects.cancel import DISABLED, SNAPSHOT
 from app.logs import batch_writes
 from app.metrics import Metrics
-from app.startup import UsageError, clock, load_store, policy_settings, prometheus_durations, prometheus_source
+from app.startup import UsageError, check_steering, clock, load_store, policy_settings, prometheus_durations, steering
 from app.timefmt import format_duration, parse_duration
 from app.tls import server_context
 from app.tlsreload import CertReloader
@@ -129,9 +129,8 @@ def live_cluster(args: argparse.Namespace, metrics: Metrics) -> ClusterWatch:
 
 
 def with_usage(ctx: GuardContext, args: argparse.Namespace) -> GuardContext:
-    source = prometheus_source(args, ctx.metrics)
-    if source is not None:
-        ctx.usage, ctx.usage_source = source.current, source
+    st = steering(args, ctx.metrics, discover=not args.snapshot, background=True)
+    ctx.usage, ctx.usage_source = st.usage, st
     return ctx
 
 
@@ -288,7 +287,7 @@ def serve(args: argparse.Namespace) -> int:
     raise_fd_limit()
     # refuse every bad setting before binding a port, touching the cluster or loading a snapshot
     policy_settings(args), clock(args), stale_after(args), cancel_interval(args), prometheus_durations(args)
-    event_interval(args), prometheus_source(args)
+    event_interval(args), check_steering(args)
     if args.metrics_port and args.metrics_port == args.port:
         raise UsageError(f"--metrics-port: must be a port other than --port {args.port}")
     cluster = None if args.snapshot else live_cluster(args, Metrics())  # parses --kubeconfig; starts nothing
@@ -312,10 +311,7 @@ def serve(args: argparse.Namespace) -> int:
     if ctx.effects is not None:
         ctx.effects.start()
     if ctx.usage_source is not None:
-        log.info("steering on: polling Prometheus", extra={"url": ctx.usage_source.url,
-                                                           "interval": format_duration(ctx.usage_source.interval),
-                                                           "maxAge": format_duration(ctx.usage_source.max_age)})
-        ctx.usage_source.start()
+        ctx.usage_source.start()  # one line: steering on, pending (then on or off, why), or off and why
     try:
         GuardServer(webhook, sock, ctx, args.shutdown_drain, args.graceful_timeout).run()
     finally:
@@ -363,9 +359,9 @@ def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
     }
     if args.cancel_stuck_evacuations:
         out["cancelInterval"] = format_duration(cancel_interval(args))
-    if ctx.usage_source is not None:
-        src = ctx.usage_source
-        out["prometheus"] = {"url": src.url, "interval": format_duration(src.interval),
+    src = ctx.usage_source.source if ctx.usage_source is not None else None
+    if src is not None:
+        out["prometheus"] = {"url": src.url, "from": ctx.usage_source.origin, "interval": format_duration(src.interval),
                              "maxAge": format_duration(src.max_age)}
     return out
 

@@ -815,10 +815,78 @@ def _validate_all(docs: list[dict]) -> None:
                 kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_steering_is_off_by_default():
+def test_steering_finds_the_descheduler_s_prometheus_by_default():
     args = build_parser().parse_args(["serve", *container(render())["args"]])
-    assert args.prometheus_url is None
+    assert (args.steering, args.prometheus_url, args.prometheus_token_file) == ("auto", None, None)
+    assert args.descheduler_policy == "openshift-kube-descheduler-operator/cluster,kube-system/descheduler"
     assert [d for d in render() if d["kind"] == "ClusterRoleBinding"] == [one(render(), "ClusterRoleBinding")]
+    assert [d for d in render() if d["kind"] in ("Role", "RoleBinding")] == []  # no cluster here: lookup finds none
+
+
+POLICY_ROLES = {"prometheus": {"discovery": {"createRoles": "always"}}}
+
+
+def _policy_roles(docs: list[dict]) -> dict[str, list[dict]]:
+    return {d["metadata"]["namespace"]: d["rules"] for d in docs
+            if d["kind"] == "Role" and d["metadata"]["name"].endswith("-descheduler-policy")}
+
+
+def test_discovery_may_read_the_named_policy_configmaps_and_nothing_else():
+    docs = render(POLICY_ROLES)
+    _validate_all(docs)
+    assert _policy_roles(docs) == {
+        "openshift-kube-descheduler-operator": [{"apiGroups": [""], "resources": ["configmaps"],
+                                                 "resourceNames": ["cluster"], "verbs": ["get"]}],
+        "kube-system": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["descheduler"],
+                         "verbs": ["get"]}]}
+    bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-descheduler-policy")]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["kube-system", "openshift-kube-descheduler-operator"]
+    assert {b["subjects"][0]["name"] for b in bindings} == {one(docs, "ServiceAccount")["metadata"]["name"]}
+
+
+def test_the_policy_s_token_secret_is_granted_by_name_only_when_named():
+    docs = render(merge(POLICY_ROLES, {"prometheus": {"discovery": {
+        "authTokenSecret": {"namespace": "kube-system", "name": "prom-token"}}}}))
+    rules = _policy_roles(docs)["kube-system"]
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["prom-token"], "verbs": ["get"]} in rules
+    elsewhere = render(merge(POLICY_ROLES, {"prometheus": {"discovery": {
+        "authTokenSecret": {"namespace": "ds", "name": "prom-token"}}}}))
+    # a namespace with only the Secret: no ConfigMap rule (an empty resourceNames would grant them all)
+    assert _policy_roles(elsewhere)["ds"] == [{"apiGroups": [""], "resources": ["secrets"],
+                                               "resourceNames": ["prom-token"], "verbs": ["get"]}]
+    assert not any(r["resources"] == ["secrets"] for rules in _policy_roles(render(POLICY_ROLES)).values() for r in rules)
+
+
+@pytest.mark.parametrize("values, steering, policy", [
+    ({"prometheus": {"steering": "off"}}, "off", None),
+    ({"prometheus": {"discovery": {"policyConfigMaps": []}}}, "auto", ""),
+    ({"prometheus": {"url": "https://prom:9090"}}, "auto", None),
+])
+def test_steering_off_or_without_discovery_grants_no_policy_read(values, steering, policy):
+    docs = render(merge(POLICY_ROLES, values))
+    args = build_parser().parse_args(["serve", *container(docs)["args"]])
+    assert (args.steering, args.descheduler_policy) == (steering, policy)
+    assert _policy_roles(docs) == {}
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"prometheus": {"steering": "off", "url": "https://prom:9090"}}, "prometheus.steering: off contradicts"),
+    ({"prometheus": {"discovery": {"authTokenSecret": {"namespace": "ds", "name": ""}}}},
+     "authTokenSecret: needs both namespace and name"),
+])
+def test_contradicting_steering_values_are_refused(values, message):
+    with pytest.raises(helm.HelmError, match=message):
+        render(values)
+
+
+@pytest.mark.parametrize("values", [
+    {"prometheus": {"steering": "on"}},
+    {"prometheus": {"discovery": {"policyConfigMaps": [{"namespace": "kube-system"}]}}},
+    {"prometheus": {"discovery": {"policyConfigMaps": [{"namespace": "Kube", "name": "x"}]}}},
+])
+def test_bad_discovery_values_fail_the_schema(values):
+    with pytest.raises(helm.HelmError):
+        render(values)
 
 
 def test_openshift_thanos_querier_values():

@@ -37,6 +37,11 @@ from app.effects.source import StaleSourceCleaner
 from app.metrics import Metrics
 from app.policy.model import DESCHEDULER_REQUESTER, Decision, PolicySettings, Reason
 
+# Steering's refusals choose which VM the descheduler moves; they block nothing about the VM refused. An Event on every
+# VMI of a hot node, each cycle, would read as trouble with each, and cost an API write per refusal: they are in the
+# decision log and decisions_total only (docs/steering.md, "What a refusal costs").
+CHOICES = frozenset({Reason.BETTER_CANDIDATE, Reason.NO_GAIN})
+
 log = logging.getLogger("kubevirt_eviction_guard.effects")
 
 __all__ = ["Effects", "EffectsApi", "KubeEffectsApi", "LogOnlyApi", "log_decision"]
@@ -153,7 +158,7 @@ class Effects:
             if self.events is not None and decision.reason == Reason.ALLOWED and self._from_descheduler(review):
                 self.events.record_allowed(self.view, review, decision)  # once the watch shows the migration
             return
-        if self.events is not None:
+        if self.events is not None and decision.reason not in CHOICES:
             self.events.record(review, decision)
         if self.annotate and wanted(decision):
             ev = review.eviction

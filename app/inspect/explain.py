@@ -31,7 +31,7 @@ from app.policy.decide import (
 )
 from app.policy.model import DESCHEDULER_REQUESTER, EvictionAttempt, PolicySettings
 from app.policy.nodecool import NodeCooldown
-from app.startup import UsageError, clock, load_eviction_requests, load_store, policy_settings, prometheus_source
+from app.startup import UsageError, clock, load_eviction_requests, load_store, policy_settings, steering_once
 from app.timefmt import format_duration, format_timestamp
 
 EXIT_ALLOWED, EXIT_DENIED = 0, 1  # 2: usage or input error (app.cli)
@@ -56,15 +56,9 @@ def explain(args: argparse.Namespace, out: TextIO | None = None) -> int:
         where = f"in {args.snapshot}" if args.snapshot else "among the cluster's virt-launcher pods"
         raise UsageError(f"pod {req.namespace}/{req.name} not found {where}")
     requests = load_eviction_requests(args)
-    usage = None
-    source = prometheus_source(args)
-    if source is not None:  # one round of queries, here and now
-        try:
-            source.poll_once()
-            usage = source.current()
-        finally:
-            source.stop()
-    model = explanation(req, store, now, settings, usage, requests)
+    st = steering_once(args)
+    model = explanation(req, store, now, settings, st.usage(), requests)
+    model["steeringState"] = st.fields()  # on, or why not (docs/steering.md)
     emit(model, getattr(args, "output", "text"), explanation_text, out)
     return EXIT_ALLOWED if model["allowed"] else EXIT_DENIED
 
@@ -269,6 +263,9 @@ def explanation_text(m: dict[str, Any]) -> str:
     lines.append(f"target-node cooldown (8c): {node_rest_text(m['targetNodeCooldown'])}")
     if m["steering"] is not None:
         lines += steering_text(m["steering"])
+    elif m.get("steeringState"):
+        st = m["steeringState"]
+        lines.append(f"steering: off: {st['state'].replace('_', ' ')}: {st['why']}")
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from app.policy.cause import cause_of
 from app.cluster.store import ClusterStore
+from app.domain.usage import UsageSnapshot
 from app.domain.records import FINAL_PHASES, LauncherPod, VMIRecord
 from app.inspect.cluster import cluster_warnings, descheduler_fields, kubevirt_fields
 from app.domain.evictionrequests import EvictionRequestRecord, requests_for_pod
@@ -19,7 +20,7 @@ from app.policy import decide
 from app.policy.cooldown import relevant_migrations
 from app.policy.decide import awaits_external_controller, not_migratable, source_cooldown, target_cooldown
 from app.policy.model import PolicySettings, Reason
-from app.startup import clock, load_eviction_requests, load_store, policy_settings
+from app.startup import clock, load_eviction_requests, load_store, policy_settings, steering_once
 from app.timefmt import format_duration
 
 HISTORY_PER_VMI = 5  # what KubeVirt keeps: the 5 most recent finalized VMIMs per VMI
@@ -31,17 +32,20 @@ def report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     settings = policy_settings(args)
     now = clock(args)()
     store = load_store(args)
-    emit(report_model(store, now, settings, load_eviction_requests(args)), getattr(args, "output", "text"),
-         report_text, out)
+    st = steering_once(args)
+    emit(report_model(store, now, settings, load_eviction_requests(args), steering=st.fields(), usage=st.usage()),
+         getattr(args, "output", "text"), report_text, out)
     return 0
 
 
 def report_model(store: ClusterStore, now: float, settings: PolicySettings,
-                 eviction_requests: list[EvictionRequestRecord] | None = None) -> dict[str, Any]:
-    """``eviction_requests``: Kubernetes' EvictionRequests of the cluster (None: not served, or a snapshot)."""
+                 eviction_requests: list[EvictionRequestRecord] | None = None, steering: dict | None = None,
+                 usage: UsageSnapshot | None = None) -> dict[str, Any]:
+    """``eviction_requests``: Kubernetes' EvictionRequests of the cluster (None: not served, or a snapshot);
+    ``steering``: its state (``Steering.fields``), and ``usage`` what the rows' decisions steer by (None: none)."""
     pods = launcher_pods(store)
     vmis = sorted(store.vmis(), key=lambda v: v.key)
-    rows = [vmi_row(store, v, pods.get(v.key), now, settings) for v in vmis]
+    rows = [vmi_row(store, v, pods.get(v.key), now, settings, usage) for v in vmis]
     pending = pending_requests(vmis, pods, eviction_requests, now) if eviction_requests is not None else None
     for row in rows:
         if pending and any(p["namespace"] == row["namespace"] and p["vmi"] == row["name"] for p in pending):
@@ -50,7 +54,8 @@ def report_model(store: ClusterStore, now: float, settings: PolicySettings,
         "cluster": {"now": timestamp(now), "vmis": len(rows), "nodes": len(store.nodes()),
                     "migrationHistoryWindow": seconds(settings.migration_history_window),
                     "pendingEvacuationsPerNode": settings.pending_evacuations_per_node,
-                    "kubevirt": kubevirt_fields(store), "descheduler": descheduler_fields(store)},
+                    "kubevirt": kubevirt_fields(store), "descheduler": descheduler_fields(store),
+                    "steering": steering},
         "warnings": [],
         "vmis": rows,
         "nodeCooldowns": node_cooldowns(store, now, settings),
@@ -86,7 +91,7 @@ def warning(reason: str, message: str) -> dict[str, str]:
 
 
 def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: float,
-            settings: PolicySettings) -> dict[str, Any]:
+            settings: PolicySettings, usage: UsageSnapshot | None = None) -> dict[str, Any]:
     """One VM: the decision for a descheduler eviction of its launcher pod, and its cooldown numbers."""
     st = vm_cooldown(store, vmi, now, settings)
     row: dict[str, Any] = {"namespace": vmi.namespace, "name": vmi.name, "node": vmi.node or None,
@@ -94,7 +99,7 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
     if pod is None:
         row.update(state=NO_POD_STATE, allowed=None, code=None, reason=None, message=None)
     else:
-        d = decide(requester_request(pod.namespace, pod.name, "descheduler"), store, now, settings)
+        d = decide(requester_request(pod.namespace, pod.name, "descheduler"), store, now, settings, usage=usage)
         row.update(state=state_of(d), **decision_fields(d))
     unmovable = not_migratable(vmi, store.kubevirt())
     notes = short_notes(per_vm(vmi, pod, settings))
@@ -225,7 +230,18 @@ def cluster_text(c: dict[str, Any]) -> str:
         limit = "no per-node limit" if ds["evictionLimitNode"] is None else (
             f"node limit {ds['evictionLimitNode']} ({ds['evictionLimitNodeFrom']})")
         descheduler = f"KubeDescheduler {ds['object']}: {limit}, background evictions {ds['backgroundEvictions']}"
-    return f"\n{kubevirt}\n{descheduler}\nguard: pendingEvacuationsPerNode {c['pendingEvacuationsPerNode']}\n"
+    return (f"\n{kubevirt}\n{descheduler}\n{steering_text(c.get('steering'))}"
+            f"guard: pendingEvacuationsPerNode {c['pendingEvacuationsPerNode']}\n")
+
+
+def steering_text(st: dict[str, Any] | None) -> str:
+    """One line: steering on (with what), or off and why; nothing when not known."""
+    if not st:
+        return ""
+    where = f" ({st['url']}, from {st['from']})" if st.get("url") else ""
+    if st["state"] == "on":
+        return f"steering: on{where}\n"
+    return f"steering: off: {st['state'].replace('_', ' ')}: {st['why']}{where}\n"
 
 
 def node_cooldowns_text(nc: dict[str, Any]) -> str:

@@ -49,8 +49,16 @@ QUERIES = {
 REQUIRED = ("score", "cpu", "memory")
 
 
+UNREACHABLE, NO_DATA = "unreachable", "no_data"
+
+
 class PrometheusError(Exception):
-    """A query round that cannot be used; the text says why (no URL secrets in it)."""
+    """A query round that cannot be used; the text says why (no URL secrets in it). ``kind``: ``unreachable``
+    (no answer, or not a usable one) or ``no_data`` (Prometheus answered, without the descheduler's series)."""
+
+    def __init__(self, text: str, kind: str = UNREACHABLE) -> None:
+        super().__init__(text)
+        self.kind = kind
 
 
 class SettingsProblem(ValueError):
@@ -66,6 +74,11 @@ def node_of(labels: dict) -> str:
     instance = labels.get("instance", "")
     host, sep, port = instance.rpartition(":")
     return host if sep and port.isdigit() and "]" not in port else instance
+
+
+def printable_head(text: str, limit: int = 200) -> str:
+    """The start of an answer's body, on one line (it goes into logs and reasons)."""
+    return " ".join(text[:limit].split())
 
 
 def _number(value) -> float | None:
@@ -130,17 +143,24 @@ class PrometheusSource:
 
     def __init__(self, url: str, *, token_file: str | None = None, ca_file: str | None = None, interval: float = 30.0,
                  timeout: float = 5.0, max_age: float | None = None, clock: Callable[[], float] = time.time,
-                 metrics=None) -> None:
+                 metrics=None, token: Callable[[], str] | None = None,
+                 on_round: Callable[[], None] | None = None) -> None:
+        """``token``: read before each round instead of ``token_file`` (raises OSError when it cannot be had);
+        ``on_round``: called after each round."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise SettingsProblem(f"--prometheus-url: must be an http(s) URL, got {url!r}")
         if interval <= 0:
             raise SettingsProblem(f"--prometheus-interval: must be positive, got {interval}")
-        if token_file is not None and parts.scheme != "https":
+        if (token_file is not None or token is not None) and parts.scheme != "https":
             raise SettingsProblem(f"--prometheus-url: must be https:// when --prometheus-token-file is given (the "
                                   f"bearer token would cross the network in clear text), got {url!r}")
         self.url = url.rstrip("/")
         self.token_file = token_file
+        self.token_reader = token
+        self.on_round = on_round
+        self.rounds_ok = 0
+        self.problem_kind = ""  # the kind of the last round's PrometheusError, "" after a good round
         if token_file is not None:
             self._token()  # unreadable at start-up: refuse to start, naming the flag
         verify: ssl.SSLContext | bool = True
@@ -182,7 +202,9 @@ class PrometheusSource:
         except httpx.HTTPError as e:
             raise PrometheusError(f"cannot reach Prometheus: {type(e).__name__}: {e}") from None
         if r.status_code != 200:
-            raise PrometheusError(f"Prometheus answered {r.status_code} to {promql!r}: {r.text[:200]}")
+            hint = ("; no token was sent (a reader's token: --prometheus-token-file, or the chart's prometheus.token)"
+                    if r.status_code in (401, 403) and "Authorization" not in headers else "")
+            raise PrometheusError(f"Prometheus answered {r.status_code} to {promql!r}: {printable_head(r.text)}{hint}")
         try:
             body = r.json()
         except ValueError:
@@ -201,18 +223,43 @@ class PrometheusSource:
                 headers["Authorization"] = f"Bearer {self._token()}"  # re-read: projected tokens rotate
             except SettingsProblem as e:
                 raise PrometheusError(str(e)) from None
+        elif self.token_reader is not None:
+            try:
+                headers["Authorization"] = f"Bearer {self.token_reader()}"
+            except OSError as e:
+                raise PrometheusError(f"no token for Prometheus: {e}") from None
         at = self.clock()
         results = {name: self.query(q, at, headers) for name, q in QUERIES.items()}
         missing = [QUERIES[n] for n in REQUIRED if not results[n]]
         if missing:
-            raise PrometheusError(f"no series for {', '.join(missing)} (is the descheduler's profile installed?)")
+            raise PrometheusError(f"no series for {', '.join(missing)} (is the descheduler's profile installed?)",
+                                  NO_DATA)
         return build_snapshot(results, at, self.max_age)
 
     def poll_once(self) -> None:
         try:
+            self._poll_once()
+        finally:
+            if self.on_round is not None:
+                self.on_round()
+
+    def state(self) -> tuple[str, str]:
+        """``(state, why)``: ``pending`` before the first round ends, ``on`` while the data is usable,
+        else ``unreachable`` or ``no_data`` with the problem."""
+        if self.problem_kind:
+            return self.problem_kind, self._snapshot.error or self._last_problem
+        if not self.rounds_ok:
+            return "pending", "first query round not finished"
+        if self._last_problem:
+            return NO_DATA, self._last_problem
+        return "on", ""
+
+    def _poll_once(self) -> None:
+        try:
             snap = self.fetch()
         except PrometheusError as e:
             problem = str(e)
+            self.problem_kind = e.kind
             self._snapshot = replace(self._snapshot, error=problem)
             if self._metrics is not None:
                 self._metrics.prometheus_queries.labels("error").inc()
@@ -222,6 +269,8 @@ class PrometheusSource:
             self._last_problem = problem
             return
         self._snapshot = snap
+        self.rounds_ok += 1
+        self.problem_kind = ""
         if self._metrics is not None:
             self._metrics.prometheus_queries.labels("ok").inc()
         age = snap.age(self.clock()) or 0.0

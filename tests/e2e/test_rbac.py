@@ -64,6 +64,7 @@ GUARD_CALLS = {
     ("watch", "kubevirt.io", "kubevirts", "", False): "app/cluster/informer.py SPECS[KUBEVIRT] (watch)",
     ("create", "authorization.k8s.io", "selfsubjectaccessreviews", "", False):
         "app/effects/kubeapi.py allowed (the canceller's probe: may it call evacuate/cancel)",
+    ("get", "", "configmaps", "", True): "app/metricsource/discovery.py discover (the descheduler's policy, by name)",
 }
 
 # (verb, group, resource, subresource): what KubeVirt's virt-api asks the API server, by SubjectAccessReview, about the
@@ -85,6 +86,7 @@ FORBIDDEN = [
     ("create", "", "pods", "", "vms"), ("create", "", "pods", "eviction", "vms"),
     ("get", "", "secrets", "", None), ("list", "", "secrets", "", None), ("get", "", "secrets", "", "OWN"),
     ("list", "", "secrets", "", "OWN"), ("watch", "", "secrets", "", "OWN"),
+    ("get", "", "configmaps", "", "vms"), ("list", "", "configmaps", "", "kube-system"),  # the policy: by name only
     ("patch", "", "nodes", "", None), ("update", "", "nodes", "", None), ("delete", "", "nodes", "", None),
     ("update", "", "nodes", "status", None),
     ("update", "kubevirt.io", "virtualmachineinstances", "", "vms"),
@@ -198,7 +200,10 @@ def test_rbac_allows_the_guards_calls_and_nothing_more(cluster, guard, installat
     api = control_plane.api_client()
     for verb, group, resource, sub, namespaced in GUARD_CALLS:
         ns = (DESCHEDULER_NS if group == "operator.openshift.io" else "vms") if namespaced else None
-        status = sar(api, user, groups, verb, group, resource, sub, ns)
+        name = None
+        if resource == "configmaps":  # granted by name only: the upstream descheduler chart's policy
+            ns, name = "kube-system", "descheduler"
+        status = sar(api, user, groups, verb, group, resource, sub, ns, name)
         assert status.allowed, (verb, group, resource, sub, ns, status)
     unexpected = observed - set(GUARD_CALLS)
     assert not unexpected, f"the guard made calls GUARD_CALLS does not list (add them, with where): {unexpected}"

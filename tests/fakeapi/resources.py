@@ -51,12 +51,14 @@ KUBEVIRTS = Resource("kubevirt.io", "v1", "kubevirts", "KubeVirt", True)
 KUBEDESCHEDULERS = Resource("operator.openshift.io", "v1", "kubedeschedulers", "KubeDescheduler", True)
 # Helm's `lookup` of the chart's generated certificate Secret (tests/test_chart.py)
 SECRETS = Resource("", "v1", "secrets", "Secret", True)
+# the descheduler's policy, where steering finds its Prometheus (app/metricsource/discovery.py)
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True)
 # the chart's lookup of its live webhook configuration (certificate rotation) and `kubevirt-eviction-guard unregister`
 MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
                              "MutatingWebhookConfiguration", False)
 VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                                "ValidatingWebhookConfiguration", False)
-ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEVIRTS, KUBEDESCHEDULERS, SECRETS, MUTATING_WEBHOOKS,
+ALL = (PODS, NODES, EVENTS, EVENTS_V1, VMIS, VMIMS, KUBEVIRTS, KUBEDESCHEDULERS, SECRETS, CONFIGMAPS, MUTATING_WEBHOOKS,
        VALIDATING_WEBHOOKS)
 
 # names the control surface accepts for each resource (besides Resource objects)
@@ -72,6 +74,7 @@ for _r, _names in (
     (KUBEVIRTS, ("kubevirt", "KubeVirt")),
     (KUBEDESCHEDULERS, ("kubedescheduler", "KubeDescheduler")),
     (SECRETS, ("secret", "Secret")),
+    (CONFIGMAPS, ("configmap", "ConfigMap")),
     (MUTATING_WEBHOOKS, ("MutatingWebhookConfiguration",)),
     (VALIDATING_WEBHOOKS, ("ValidatingWebhookConfiguration",)),
 ):

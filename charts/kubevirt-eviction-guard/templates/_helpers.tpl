@@ -76,6 +76,27 @@ app.kubernetes.io/component: admission-webhook
 
 {{- define "guard.clientCADir" -}}/etc/kubevirt-eviction-guard/client-ca{{- end }}
 
+{{/* "true" when the guard may steer: prometheus.steering auto with a url, or with policy ConfigMaps to find one in. */}}
+{{- define "guard.steering" -}}
+{{- with .Values.prometheus -}}
+{{- if and (eq .steering "auto") (or .url .discovery.policyConfigMaps) -}}true{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The policy ConfigMaps (and the authToken Secret's namespace) by namespace, as JSON: {"ns": ["name", ...]}. */}}
+{{- define "guard.policyConfigMapsByNamespace" -}}
+{{- $out := dict -}}
+{{- range .Values.prometheus.discovery.policyConfigMaps -}}
+{{- $_ := set $out .namespace (append (get $out .namespace | default list) .name | uniq) -}}
+{{- end -}}
+{{- with .Values.prometheus.discovery.authTokenSecret -}}
+{{- if and .namespace (not (hasKey $out .namespace)) -}}
+{{- $_ := set $out .namespace list -}}
+{{- end -}}
+{{- end -}}
+{{- $out | toJson -}}
+{{- end }}
+
 {{/* The ServiceAccount (and its token Secret) that reads Prometheus for steering: never the guard's own token. */}}
 {{- define "guard.metricsReaderName" -}}
 {{- printf "%s-metrics-reader" (include "guard.fullname" .) | trunc 63 | trimSuffix "-" }}

@@ -83,7 +83,20 @@ positive, with "positive"). Arguments: list NAME VALUE [positive]. */}}
 {{- if eq (int .Values.server.metricsPort) (int .Values.server.port) -}}
 {{- fail (printf "server.metricsPort: must be a port other than server.port %v" .Values.server.port) -}}
 {{- end -}}
-{{- if .Values.prometheus.url -}}
+{{- range $i, $c := .Values.prometheus.discovery.policyConfigMaps -}}
+{{- if not (and $c.namespace $c.name) -}}
+{{- fail (printf "prometheus.discovery.policyConfigMaps[%d]: needs both namespace and name" $i) -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.prometheus.discovery.authTokenSecret -}}
+{{- if ne (empty .namespace) (empty .name) -}}
+{{- fail "prometheus.discovery.authTokenSecret: needs both namespace and name, or neither" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq .Values.prometheus.steering "off") .Values.prometheus.url -}}
+{{- fail "prometheus.steering: off contradicts prometheus.url (give one or the other)" -}}
+{{- end -}}
+{{- if include "guard.steering" . -}}
 {{- include "guard.checkDuration" (list "prometheus.interval" .Values.prometheus.interval "positive") -}}
 {{- include "guard.checkDuration" (list "prometheus.timeout" .Values.prometheus.timeout "positive") -}}
 {{- with .Values.prometheus.maxAge -}}
