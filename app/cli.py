@@ -324,7 +324,7 @@ def refusals() -> tuple[type[Exception], ...]:
     from app.cluster.kube import KubeConfigError
     from app.cluster.snapshot import SnapshotError
     from app.startup import UsageError
-    from app.tls import TLSError
+    from app.transport.tls import TLSError
 
     return SettingsError, KubeConfigError, SnapshotError, TLSError, UsageError
 
@@ -347,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
 
         return simulate_main(args)
     if args.command == "certs":
-        from app.tls import issue_certs, write_certs
+        from app.transport.tls import issue_certs, write_certs
 
         issued = issue_certs(args.service, args.namespace, days=args.days)
         paths = write_certs(issued, args.out, force=args.force)

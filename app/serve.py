@@ -1,4 +1,4 @@
-"""``serve``: wire settings, cluster state, the app and TLS together, then serve (``app.admission.protocol``)."""
+"""``serve``: wire settings, cluster state, the app and TLS together, then serve (``app.transport.http``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 
-from app.admission import protocol
+from app.transport import http
 from app.admission.asgi import ADMISSION_PATHS
 from app.admission.server import GuardContext, create_app
 from app.cluster.informer import ClusterWatch
@@ -24,8 +24,8 @@ from app.logs import batch_writes
 from app.metrics import Metrics
 from app.startup import UsageError, clock, load_store, policy_settings, prometheus_durations, prometheus_source
 from app.timefmt import format_duration, parse_duration
-from app.tls import server_context
-from app.tlsreload import CertReloader
+from app.transport.tls import server_context
+from app.transport.tlsreload import CertReloader
 
 log = logging.getLogger("kubevirt_eviction_guard")
 DEFAULT_STALE_AFTER = "2m"
@@ -44,7 +44,7 @@ class GuardServer:
     and its probes read the heartbeat, so they fail when this loop stalls rather than staying green beside it.
     """
 
-    def __init__(self, listener: protocol.Listener, sock: socket.socket, ctx: GuardContext, drain_seconds: float,
+    def __init__(self, listener: http.Listener, sock: socket.socket, ctx: GuardContext, drain_seconds: float,
                  graceful_seconds: float) -> None:
         self.listener, self.sock, self.ctx = listener, sock, ctx
         self.drain_seconds, self.graceful_seconds = drain_seconds, graceful_seconds
@@ -54,7 +54,7 @@ class GuardServer:
         self.started = threading.Event()
 
     def run(self) -> None:
-        loop = protocol.event_loop()
+        loop = http.event_loop()
         try:
             asyncio.set_event_loop(loop)
             loop.run_until_complete(self._main())
@@ -250,7 +250,7 @@ def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics,
                    annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users)
 
 
-def http_limits(args: argparse.Namespace) -> protocol.HttpLimits:
+def http_limits(args: argparse.Namespace) -> http.HttpLimits:
     """The bounds on clients from serve's flags (durations parsed in place); a bad one is a UsageError naming it."""
     for flag in ("request_timeout", "idle_timeout", "graceful_timeout", "shutdown_drain", "tls_handshake_timeout"):
         raw = getattr(args, flag)
@@ -264,17 +264,17 @@ def http_limits(args: argparse.Namespace) -> protocol.HttpLimits:
     for flag, least in (("max_header_bytes", 1024), ("max_headers", 16), ("max_connections", 8)):
         if getattr(args, flag) < least:
             raise UsageError(f"--{flag.replace('_', '-')}: must be at least {least}, got {getattr(args, flag)}")
-    return protocol.HttpLimits(request_timeout=args.request_timeout, max_header_bytes=args.max_header_bytes,
+    return http.HttpLimits(request_timeout=args.request_timeout, max_header_bytes=args.max_header_bytes,
                                max_headers=args.max_headers, max_connections=args.max_connections,
                                tls_handshake_timeout=args.tls_handshake_timeout, idle_timeout=args.idle_timeout,
                                max_body_bytes=args.max_body_bytes)
 
 
-def listener(app, limits: protocol.HttpLimits, metrics: Metrics, name: str, tls=None,
-             peer_cert_required: frozenset[str] = frozenset()) -> protocol.Listener:
+def listener(app, limits: http.HttpLimits, metrics: Metrics, name: str, tls=None,
+             peer_cert_required: frozenset[str] = frozenset()) -> http.Listener:
     """One port's listener, its bounds counted in ``metrics``."""
     closed = metrics.connections_closed
-    port = protocol.Listener(app, limits, tls, on_close=lambda reason: closed.labels(name, reason).inc(),
+    port = http.Listener(app, limits, tls, on_close=lambda reason: closed.labels(name, reason).inc(),
                              peer_cert_required=peer_cert_required)
     metrics.open_connections.labels(name).set_function(lambda: len(port.table))
     return port
@@ -368,14 +368,14 @@ def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
     return out
 
 
-def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: protocol.HttpLimits,
+def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: http.HttpLimits,
                      metrics_sock=None) -> list:
     """What lives beside the HTTPS server: certificate reload, the plain-HTTP metrics port, the descheduler check."""
     registry = ctx.metrics.registry
     parts: list = [CertReloader(ssl_ctx, args.tls_cert, args.tls_key, args.client_ca,
                                 interval=args.tls_reload_interval, registry=registry).start()]
     if args.metrics_port:
-        from app.metrics_server import MetricsServer
+        from app.transport.metrics_port import MetricsServer
 
         try:
             parts.append(MetricsServer(ctx, metrics_sock, limits).start())

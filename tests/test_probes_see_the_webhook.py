@@ -12,12 +12,12 @@ import time
 import httpx
 
 from app.admission.asgi import ADMISSION_PATHS
-from app.admission.protocol import HttpLimits
+from app.transport.http import HttpLimits
 from app.admission.server import GuardContext, create_app
-from app.metrics_server import MetricsServer
+from app.transport.metrics_port import MetricsServer
 from app.policy import PolicySettings
 from app.serve import GuardServer, listener
-from app.tls import issue_certs, server_context, write_certs
+from app.transport.tls import issue_certs, server_context, write_certs
 from tests.builders import NOW, node, store_of
 from tests.live_support import eventually
 

@@ -19,7 +19,7 @@ import threading
 
 import orjson
 
-from app.admission.protocol import HttpLimits, Listener, event_loop
+from app.transport.http import HttpLimits, Listener, event_loop
 from app.admission.server import GuardContext, create_app
 
 SIDE_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
