@@ -82,7 +82,9 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
     """``metrics_route``: serve /metrics here. ``serve`` turns it off on the HTTPS port when there is a metrics
     port: the chart's NetworkPolicy admits monitoring to the metrics port only and everyone to the webhook port, so
     the metrics (nodes, namespaces, decisions) must not be one port away from everyone."""
-    app = GuardApp(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirects: a slash-ended path is a 404, never a Location built from the client's Host header
+    app = GuardApp(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None,
+                   redirect_slashes=False)
     app.state.guard = ctx
     metrics = ctx.metrics
 
