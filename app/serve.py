@@ -13,8 +13,8 @@ import threading
 import time
 
 from app.transport import http
-from app.admission.asgi import ADMISSION_PATHS
-from app.admission.server import GuardContext, create_app
+
+from app.admission.server import ADMISSION_PATHS, GuardContext, create_app
 from app.cluster.informer import ClusterWatch
 from app.config import SettingsError, by_name, load_config_file
 from app.domain.view import ClusterView
@@ -162,7 +162,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
-            max_body_bytes=args.max_body_bytes, effects=effects, fresh_view=leaver_read(args, cluster.store),
+            effects=effects, fresh_view=leaver_read(args, cluster.store),
         )
     if not args.snapshot:
         raise UsageError("serve: give --snapshot FILE, or a cluster to watch (--kubeconfig FILE, or run in a pod)")
@@ -172,7 +172,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
     effects = build_effects(args, store, metrics, api_client=None)  # snapshot: no API server, log what it would write
     return GuardContext(
         view=store, settings=settings, clock=clock(args), metrics=metrics, on_decision=effects.on_decision,
-        max_body_bytes=args.max_body_bytes, effects=effects,
+        effects=effects,
     )
 
 
@@ -379,7 +379,7 @@ def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limit
         from app.transport.metrics_port import MetricsServer
 
         try:
-            parts.append(MetricsServer(ctx, metrics_sock, limits).start())
+            parts.append(MetricsServer(create_app(ctx), ctx.metrics, metrics_sock, limits).start())
         except OSError as e:
             raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:

@@ -219,3 +219,22 @@ def test_arbitrary_bytes_get_answers_or_refusals_never_an_error(data, cuts) -> N
     assert seen[:1] == [("POST", "/", b"abc")], seen
     statuses = out.split(b"\r\n")[0]
     assert statuses == b"HTTP/1.1 200 OK", out[:200]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_a_chunked_body_is_taken_up_to_the_limit_and_not_a_byte_more(chunk) -> None:
+    def chunked(size: int) -> bytes:
+        body = b"x" * size
+        parts = [b"%x\r\n%s\r\n" % (len(body[i:i + chunk]), body[i:i + chunk]) for i in range(0, size, chunk)]
+        return b"POST /v HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(parts) + b"0\r\n\r\n"
+
+    limits = HttpLimits(max_body_bytes=1000, max_header_bytes=16 * 1024)
+    global LIMITS
+    saved, LIMITS = LIMITS, limits
+    try:
+        seen, out = serve_stream(chunked(1000), [])
+        assert seen == [("POST", "/v", b"x" * 1000)] and out.startswith(b"HTTP/1.1 200"), out[:100]
+        seen, out = serve_stream(chunked(1001), [])
+        assert seen == [] and out.startswith(b"HTTP/1.1 413"), out[:100]
+    finally:
+        LIMITS = saved
