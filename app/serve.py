@@ -12,8 +12,6 @@ import socket
 import threading
 import time
 
-from app.transport import http
-
 from app.admission.server import ADMISSION_PATHS, GuardContext, create_app
 from app.cluster.informer import ClusterWatch
 from app.config import SettingsError, by_name, load_config_file
@@ -24,6 +22,7 @@ from app.logs import batch_writes
 from app.metrics import Metrics
 from app.startup import UsageError, clock, load_store, policy_settings, prometheus_durations, prometheus_source
 from app.timefmt import format_duration, parse_duration
+from app.transport import http
 from app.transport.tls import server_context
 from app.transport.tlsreload import CertReloader
 

@@ -594,15 +594,17 @@ def split_head(guard: Guard) -> dict:
 
 
 def pipelined_pair(guard: Guard) -> dict:
-    """Two reviews pipelined; the first body (40 KiB) split across two reads, the second request in the second."""
-    first, second = review(reason="x" * 40_000), review()
+    """Two reviews pipelined in three reads: the first head and half its 40 KiB body; the rest of that body, the
+    second head and half its body; the rest."""
+    first, second = review(reason="x" * 40_000), review(reason="y" * 2_000)
     post = b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-    stream = post % len(first) + first + post % len(second) + second
-    cut = len(post % len(first)) + len(first) // 2
+    one, two = post % len(first) + first, post % len(second) + second
+    reads = [one[:len(one) // 2], one[len(one) // 2:] + two[:len(two) // 2], two[len(two) // 2:]]
     s = connect(guard, timeout=10)
-    s.sendall(stream[:cut])
-    time.sleep(0.3)
-    s.sendall(stream[cut:])
+    with contextlib.suppress(OSError):
+        for data in reads:
+            s.sendall(data)
+            time.sleep(0.3)
     s.settimeout(10)
     data = b""
     with contextlib.suppress(OSError):
@@ -894,7 +896,7 @@ ATTACKS = [
            lambda g: tiny_chunks(g, port=g.metrics_port)),
     Attack("split_head", "a request and, in the same read, the start of a second head twice the header budget",
            split_head),
-    Attack("pipelined_pair", "two reviews pipelined, the first one's 40 KiB body split across two reads",
+    Attack("pipelined_pair", "two reviews pipelined in three reads, each body split between two",
            pipelined_pair),
     Attack("closing_linger", "200 `Connection: close` requests whose clients never send close_notify back",
            closing_linger),

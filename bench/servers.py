@@ -376,7 +376,7 @@ FEATURES = {
         "guard": "yes", "uvicorn": "`--limit-concurrency` answers 503 past it; connections still accepted",
         "granian": "`--backpressure` limits requests, not connections", "hypercorn": "no"},
     "protocol code of the project's own": {
-        "guard": "`protocol.py` (about 500 lines) on public APIs only",
+        "guard": "`app/transport/http.py` (about 600 lines) on public APIs only",
         "uvicorn": "272 lines subclassing its private `HttpToolsProtocol`, plus a subclass of its `Server`",
         "granian": "would delete all of it, and with it the bounds above that granian lacks (no hook on connections "
                    "to put them back)",

