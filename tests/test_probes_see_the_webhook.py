@@ -13,8 +13,8 @@ import httpx
 
 from app.admission.server import ADMISSION_PATHS, GuardContext, create_app
 from app.policy import PolicySettings
-from app.serve import GuardServer, listener
 from app.transport.http import HttpLimits
+from app.transport.listeners import GuardServer, listener
 from app.transport.metrics_port import MetricsServer
 from app.transport.tls import issue_certs, server_context, write_certs
 from tests.builders import NOW, node, store_of

@@ -57,7 +57,7 @@ class GuardContext:
     fresh_view: Callable[[str], ClusterView] | None = None
     fresh_view_timeout: float = 2.0
     fresh_reads_per_second: float = 20.0  # reads before an allow, all nodes together (cluster.fresh.SharedReads)
-    # time.monotonic() of the HTTPS port's event loop's last heartbeat (serve.GuardServer); None: not beating
+    # time.monotonic() of the HTTPS port's event loop's last heartbeat (transport.listeners.GuardServer); None: not beating
     webhook_beat: float | None = None
     stalled_after: float = 5.0  # seconds without a heartbeat after which /healthz and /readyz fail
 
