@@ -980,7 +980,7 @@ def _cell(name: str, r: dict) -> str:
     elif name == "log_amplification":
         what = (f"{r['request_bytes'] / 1024:,.0f} KiB each; longest log line {r['longest_log_line_bytes'] / 1024:,.1f} KiB, "
                 f"{r['log_lines_with_control_chars']} lines with control characters, {r['forged_log_lines']} forged lines")
-    elif name.startswith("pipeline"):
+    elif name.startswith("pipeline_"):
         what = (f"{r['requests_sent']:,} requests ({r['sent_mib']:g} MiB) sent, {r.get('answers_read', 0):,} answers; "
                 + (f"closed by the guard after {r['held_s']:g} s" if r["closed_by_guard"] else f"still open after {r['held_s']:g} s"))
     elif name in ("abrupt_close", "websocket_upgrade"):
