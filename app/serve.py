@@ -198,6 +198,7 @@ def serve(args: argparse.Namespace) -> int:
     ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
     limits = http_limits(args)
     raise_fd_limit()
+    http.return_freed_memory()
     # refuse every bad setting before binding a port, touching the cluster or loading a snapshot
     policy_settings(args), clock(args), stale_after(args), cancel_interval(args), prometheus_durations(args)
     event_interval(args), prometheus_source(args)

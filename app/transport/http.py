@@ -36,6 +36,8 @@ an answer that waits on nothing is written within the read that brought its requ
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import socket
 import ssl
@@ -58,6 +60,7 @@ CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY, UPGRADE, CLIE
     "version")
 MAX_BODY_BYTES = 64 * 1024  # the default body limit (--max-body-bytes): an eviction review is a few KiB
 MAX_PIPELINED = 8  # requests answered one after the other from what arrived at once; past it: 429, close
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 CLOSE_LINGER = 1.0  # seconds a closing connection may take to deliver its last answer before it is cut
 TLS_READ_AHEAD = 32 * 1024  # encrypted bytes the TLS layer takes from the socket before the protocol asks
 CHUNK_FRAMING = 24  # bytes of framing allowed per chunk (size in hex, CRLFs) beyond the header budget
@@ -638,6 +641,17 @@ class Response:
                     self._head.append(b"content-length: %d\r\n" % length)
                 self._head.append(b"\r\n")
                 self.parts[:0] = self._head
+
+
+def return_freed_memory() -> None:
+    """Make glibc's malloc give buffers of 64 KiB and more back to the system when they are freed. Its default
+    raises that threshold as large buffers come and go (TLS records, bodies, reads), after which they are carved
+    from the heap and a burst of clients leaves the process that much bigger for good. Elsewhere: nothing."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
