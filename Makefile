@@ -39,14 +39,17 @@ docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
 	@echo "built build/site/index.html"
 
-# Optional: coverage-guided fuzzing with atheris (libFuzzer), 60 s per target; corpus seeded from the fixtures.
+# Optional: coverage-guided fuzzing with atheris (libFuzzer), 60 s per target; corpora seeded from the fixtures
+# and fuzz/http-seeds (requests pipelined, chunked, split).
 fuzz: $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check 'atheris>=2.3'
-	@mkdir -p build/fuzz/admission build/fuzz/snapshot
+	@mkdir -p build/fuzz/admission build/fuzz/snapshot build/fuzz/http
 	cp tests/fixtures/admission/*.json build/fuzz/admission/
 	cp examples/demo-snapshot.yaml build/fuzz/snapshot/
+	cp fuzz/http-seeds/* build/fuzz/http/
 	$(PY) fuzz/fuzz_targets.py admission -max_total_time=60 build/fuzz/admission
 	$(PY) fuzz/fuzz_targets.py snapshot -max_total_time=60 -max_len=65536 build/fuzz/snapshot
+	$(PY) fuzz/fuzz_targets.py http -max_total_time=60 -max_len=8192 build/fuzz/http
 
 # list+watch throughput and memory: 100k VMIs, 100k launcher pods, 500k VMIMs (a few minutes); writes the
 # numbers into docs/performance.md (between its watch markers)

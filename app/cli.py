@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from app import __version__
 from app.config import BOOLS, DURATIONS, POINTS, SETTING_HELP, SETTING_NAMES, SettingsError, by_name, kebab
 from app.policy.model import PolicySettings
+from app.transport.http import MAX_BODY_BYTES
 
 PROG = "kubevirt-eviction-guard"
 FORMATS = ("text", "json", "yaml")  # explain and report: -o
@@ -181,7 +182,7 @@ def _serve_parser(sub) -> None:
                      help="serve /metrics (then only here), /healthz and /readyz over plain HTTP on this port "
                           "(default 0: off, /metrics on the HTTPS port)")
     bounds = serve.add_argument_group("bounds on clients (both ports)")
-    bounds.add_argument("--max-body-bytes", type=positive_int, default=64 * 1024, metavar="N",
+    bounds.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, metavar="N",
                         help="larger request bodies get 413 and the connection is closed (default 65536)")
     bounds.add_argument("--max-header-bytes", type=positive_int, default=16 * 1024, metavar="N",
                         help="request line and headers of one request; past it 431 and close (default 16384)")
@@ -337,7 +338,7 @@ def refusals() -> tuple[type[Exception], ...]:
     from app.cluster.kube import KubeConfigError
     from app.cluster.snapshot import SnapshotError
     from app.startup import UsageError
-    from app.tls import TLSError
+    from app.transport.tls import TLSError
 
     return SettingsError, KubeConfigError, SnapshotError, TLSError, UsageError
 
@@ -360,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
 
         return simulate_main(args)
     if args.command == "certs":
-        from app.tls import issue_certs, write_certs
+        from app.transport.tls import issue_certs, write_certs
 
         issued = issue_certs(args.service, args.namespace, days=args.days)
         paths = write_certs(issued, args.out, force=args.force)

@@ -118,8 +118,8 @@ class Metrics:
                                     "Allows confirmed by reading the node's VMIs again, by result", ["result"],
                                     registry=r)
         self.bad_requests = Counter(PREFIX + "bad_requests_total", "Requests answered with a 4xx", ["code"], registry=r)
-        # the HTTP bounds (app/admission/protocol.py); listener is webhook | metrics, reason is capacity |
-        # tls_handshake | headers | body | pipelining | upgrade | client_certificate | request_timeout
+        # the HTTP bounds (app/transport/http.py); listener is webhook | metrics, reason is capacity |
+        # tls_handshake | headers | body | pipelining | upgrade | version | client_certificate | request_timeout
         self.connections_closed = Counter(PREFIX + "connections_closed_total",
                                           "Connections closed by a bound on clients, by listener and reason",
                                           ["listener", "reason"], registry=r)

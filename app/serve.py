@@ -1,20 +1,14 @@
-"""``serve``: wire settings, cluster state, the app and TLS together, then serve (``app.admission.protocol``)."""
+"""``serve``: wire settings, cluster state, the app and TLS together, then serve (``app.transport.http``)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import logging
 import resource
-import signal
-import socket
 import threading
-import time
 
-from app.admission import protocol
-from app.admission.asgi import ADMISSION_PATHS
-from app.admission.server import GuardContext, create_app
+from app.admission.server import ADMISSION_PATHS, GuardContext, create_app
 from app.cluster.informer import ClusterWatch
 from app.config import SettingsError, by_name, load_config_file
 from app.domain.view import ClusterView
@@ -24,84 +18,14 @@ from app.logs import batch_writes
 from app.metrics import Metrics
 from app.startup import UsageError, check_steering, clock, load_store, policy_settings, prometheus_durations, steering
 from app.timefmt import format_duration, parse_duration
-from app.tls import server_context
-from app.tlsreload import CertReloader
+from app.transport import http
+from app.transport.listeners import GuardServer, listen, listener
+from app.transport.tls import server_context
+from app.transport.tlsreload import CertReloader
 
 log = logging.getLogger("kubevirt_eviction_guard")
 DEFAULT_STALE_AFTER = "2m"
 BACKLOG = 2048
-
-
-class GuardServer:
-    """The HTTPS listener on its own event loop, in the main thread (it owns SIGTERM and SIGINT).
-
-    SIGINT (Ctrl-C) stops at once. The first SIGTERM turns readiness off and keeps serving for ``drain_seconds``
-    (the API server keeps sending to an endpoint until it is removed from the Service), then stops accepting,
-    closes idle connections and lets requests in flight finish within ``graceful_seconds``; the process then
-    exits with status 0 (Kubernetes reads death by a signal as a crash). A second signal stops now.
-
-    The loop also beats a heartbeat (``ctx.webhook_beat``) twice a second: the metrics port runs its own loop,
-    and its probes read the heartbeat, so they fail when this loop stalls rather than staying green beside it.
-    """
-
-    def __init__(self, listener: protocol.Listener, sock: socket.socket, ctx: GuardContext, drain_seconds: float,
-                 graceful_seconds: float) -> None:
-        self.listener, self.sock, self.ctx = listener, sock, ctx
-        self.drain_seconds, self.graceful_seconds = drain_seconds, graceful_seconds
-        self._stop: asyncio.Event | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._signals = 0
-        self.started = threading.Event()
-
-    def run(self) -> None:
-        loop = protocol.event_loop()
-        try:
-            asyncio.set_event_loop(loop)
-            loop.run_until_complete(self._main())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    async def _main(self) -> None:
-        loop = self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
-        for sig in signals:
-            loop.add_signal_handler(sig, self.handle_exit, sig)
-        self._beat(loop)
-        await self.listener.start(self.sock)
-        self.started.set()
-        try:
-            await self._stop.wait()
-            await self.listener.shutdown(0.0 if self._signals > 1 else self.graceful_seconds)
-        finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
-        log.info("shutdown complete")
-
-    def stop(self) -> None:
-        """From another thread (tests): stop as after SIGINT."""
-        self.loop.call_soon_threadsafe(self._stop.set)  # type: ignore[union-attr]
-
-    def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.ctx.webhook_beat = time.monotonic()
-        loop.call_later(0.5, self._beat, loop)
-
-    def handle_exit(self, sig: int) -> None:
-        self._signals += 1
-        assert self._stop is not None
-        if self._stop.is_set() or self.ctx.shutting_down:  # the second signal: stop now
-            self._signals = 2
-            self._stop.set()
-            for conn in self.listener.table:
-                conn.abort()
-            return
-        if self.drain_seconds <= 0 or sig != signal.SIGTERM:
-            self._stop.set()
-            return
-        self.ctx.shutting_down = True
-        log.info("shutting down: readiness off, draining", extra={"drain_seconds": self.drain_seconds})
-        asyncio.get_running_loop().call_later(self.drain_seconds, self._stop.set)
 
 
 def stale_after(args: argparse.Namespace) -> float:
@@ -163,7 +87,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
         return GuardContext(
             view=cluster.store, settings=settings, health=cluster.health, readiness_detail=cluster.readiness_detail,
             metrics=metrics, clock=clock(args), on_decision=effects.on_decision,
-            max_body_bytes=args.max_body_bytes, effects=effects, fresh_view=leaver_read(args, cluster.store),
+            effects=effects, fresh_view=leaver_read(args, cluster.store),
         )
     if not args.snapshot:
         raise UsageError("serve: give --snapshot FILE, or a cluster to watch (--kubeconfig FILE, or run in a pod)")
@@ -173,7 +97,7 @@ def _build_context(args: argparse.Namespace, cluster: ClusterWatch | None = None
     effects = build_effects(args, store, metrics, api_client=None)  # snapshot: no API server, log what it would write
     return GuardContext(
         view=store, settings=settings, clock=clock(args), metrics=metrics, on_decision=effects.on_decision,
-        max_body_bytes=args.max_body_bytes, effects=effects,
+        effects=effects,
     )
 
 
@@ -251,7 +175,7 @@ def build_effects(args: argparse.Namespace, view: ClusterView, metrics: Metrics,
                    annotate=on, events=on, descheduler_users=policy_settings(args).descheduler_users)
 
 
-def http_limits(args: argparse.Namespace) -> protocol.HttpLimits:
+def http_limits(args: argparse.Namespace) -> http.HttpLimits:
     """The bounds on clients from serve's flags (durations parsed in place); a bad one is a UsageError naming it."""
     for flag in ("request_timeout", "idle_timeout", "graceful_timeout", "shutdown_drain", "tls_handshake_timeout"):
         raw = getattr(args, flag)
@@ -265,26 +189,17 @@ def http_limits(args: argparse.Namespace) -> protocol.HttpLimits:
     for flag, least in (("max_header_bytes", 1024), ("max_headers", 16), ("max_connections", 8)):
         if getattr(args, flag) < least:
             raise UsageError(f"--{flag.replace('_', '-')}: must be at least {least}, got {getattr(args, flag)}")
-    return protocol.HttpLimits(request_timeout=args.request_timeout, max_header_bytes=args.max_header_bytes,
+    return http.HttpLimits(request_timeout=args.request_timeout, max_header_bytes=args.max_header_bytes,
                                max_headers=args.max_headers, max_connections=args.max_connections,
                                tls_handshake_timeout=args.tls_handshake_timeout, idle_timeout=args.idle_timeout,
                                max_body_bytes=args.max_body_bytes)
-
-
-def listener(app, limits: protocol.HttpLimits, metrics: Metrics, name: str, tls=None,
-             peer_cert_required: frozenset[str] = frozenset()) -> protocol.Listener:
-    """One port's listener, its bounds counted in ``metrics``."""
-    closed = metrics.connections_closed
-    port = protocol.Listener(app, limits, tls, on_close=lambda reason: closed.labels(name, reason).inc(),
-                             peer_cert_required=peer_cert_required)
-    metrics.open_connections.labels(name).set_function(lambda: len(port.table))
-    return port
 
 
 def serve(args: argparse.Namespace) -> int:
     ssl_ctx = server_context(args.tls_cert, args.tls_key, args.client_ca)
     limits = http_limits(args)
     raise_fd_limit()
+    http.return_freed_memory()
     # refuse every bad setting before binding a port, touching the cluster or loading a snapshot
     policy_settings(args), clock(args), stale_after(args), cancel_interval(args), prometheus_durations(args)
     event_interval(args), check_steering(args)
@@ -293,8 +208,11 @@ def serve(args: argparse.Namespace) -> int:
     cluster = None if args.snapshot else live_cluster(args, Metrics())  # parses --kubeconfig; starts nothing
     ctx = build_context(args, cluster)  # the rest of the flags, the snapshot, the kubeconfig: nothing started yet
     # bound only once every flag is known good: a refusal never depends on whether the port is free
-    sock = listen(args.host, args.port, BACKLOG)
-    metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
+    try:
+        sock = listen(args.host, args.port, BACKLOG, "--port")
+        metrics_sock = listen(args.host, args.metrics_port, BACKLOG, "--metrics-port") if args.metrics_port else None
+    except OSError as e:
+        raise UsageError(str(e)) from None
     if cluster is None:
         freeze_state()
     # TLS 1.2 minimum; with --client-ca the admission paths need a verified client certificate (probes do not).
@@ -326,22 +244,6 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def listen(host: str, port: int, backlog: int, flag: str = "--port") -> socket.socket:
-    """A listening socket, bound here so that a bad address or a port in use is one line, not a traceback."""
-    sock = None
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restarts need no wait
-        sock.bind(address)
-        sock.listen(backlog)
-        return sock
-    except OSError as e:
-        if sock is not None:
-            sock.close()
-        raise UsageError(f"{flag} {port}: cannot listen on {host}: {e.strerror or e}") from None
-
-
 def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
     """serve's own settings by their chart names (values.yaml ``server``), durations the Go way."""
     out = {
@@ -366,17 +268,17 @@ def server_settings(args: argparse.Namespace, ctx: GuardContext) -> dict:
     return out
 
 
-def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: protocol.HttpLimits,
+def start_background(args: argparse.Namespace, ssl_ctx, ctx: GuardContext, limits: http.HttpLimits,
                      metrics_sock=None) -> list:
     """What lives beside the HTTPS server: certificate reload, the plain-HTTP metrics port, the descheduler check."""
     registry = ctx.metrics.registry
     parts: list = [CertReloader(ssl_ctx, args.tls_cert, args.tls_key, args.client_ca,
                                 interval=args.tls_reload_interval, registry=registry).start()]
     if args.metrics_port:
-        from app.metrics_server import MetricsServer
+        from app.transport.metrics_port import MetricsServer
 
         try:
-            parts.append(MetricsServer(ctx, metrics_sock, limits).start())
+            parts.append(MetricsServer(create_app(ctx), ctx.metrics, metrics_sock, limits).start())
         except OSError as e:
             raise UsageError(str(e)) from None
     if not args.snapshot and args.descheduler_check:

@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import resource
 import selectors
 import socket
@@ -39,7 +40,7 @@ from typing import BinaryIO
 import orjson
 import yaml
 
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- attacks:begin -->", "<!-- attacks:end -->"
@@ -540,6 +541,191 @@ def websocket_upgrades(guard: Guard, n: int = 600) -> dict:
             "capacity_closes": capacity_closes(m) - capacity0}
 
 
+def tiny_chunks(guard: Guard, n: int = 200, port: int | None = None) -> dict:
+    """``n`` connections each sending a chunked body of 2-byte chunks up to just under the body limit, never its
+    last chunk; held 2 s, then closed by the client. Also the guard's memory 2 s after they closed."""
+    raise_fd_limit(n + 1024)
+    limit = body_limit(guard)
+    head = b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunks = b"2\r\n  \r\n" * ((limit - 2) // 2)
+    socks, refused = [], 0
+    for _ in range(n):
+        try:
+            s = connect(guard, port, timeout=30)
+            s.sendall(head + chunks)
+            socks.append(s)
+        except OSError:
+            refused += 1
+    time.sleep(2.0)
+    held = sum(not closed(s) for s in socks)
+    for s in socks:
+        s.close()
+    time.sleep(2.0)
+    return {"connections": n, "body_bytes": (limit - 2) // 2 * 2, "refused": refused, "held_after_2s": held,
+            "rss_after_close_mib": round(status(guard.proc.pid)["VmRSS"] / 1024, 1)}
+
+
+def answers(s: socket.socket, within: float = 10.0) -> list[str]:
+    """The status lines of everything the guard sends on ``s`` until it closes it (or ``within`` passes)."""
+    s.settimeout(within)
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            data += chunk
+    return status_lines(data)
+
+
+def status_lines(data: bytes) -> list[str]:
+    """The status lines in what the guard sent (answers follow each other without a separator)."""
+    return [m.decode("latin-1") for m in re.findall(rb"HTTP/1\.[01] [0-9]{3}[^\r]*", data)]
+
+
+def split_head(guard: Guard) -> dict:
+    """A request and, in the same read, the start of a second head; the rest of that head (twice the header
+    budget in all) in the next read: what the second request gets."""
+    half = b"".join(b"x-pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(15))
+    s = connect(guard, timeout=10)
+    s.sendall(HEALTHZ + b"GET /healthz HTTP/1.1\r\nHost: guard\r\n" + half)
+    time.sleep(0.3)
+    s.sendall(half.replace(b"x-pad", b"x-more") + b"\r\n")
+    got = answers(s)
+    s.close()
+    return {"head_bytes": 2 * len(half), "answers": got}
+
+
+def pipelined_pair(guard: Guard) -> dict:
+    """Two reviews pipelined in three reads: the first head and half its 40 KiB body; the rest of that body, the
+    second head and half its body; the rest."""
+    first, second = review(reason="x" * 40_000), review(reason="y" * 2_000)
+    post = b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    one, two = post % len(first) + first, post % len(second) + second
+    reads = [one[:len(one) // 2], one[len(one) // 2:] + two[:len(two) // 2], two[len(two) // 2:]]
+    s = connect(guard, timeout=10)
+    with contextlib.suppress(OSError):
+        for data in reads:
+            s.sendall(data)
+            time.sleep(0.3)
+    s.settimeout(10)
+    data = b""
+    with contextlib.suppress(OSError):
+        while data.count(b"HTTP/1.1 ") < 2 and (chunk := s.recv(65536)):
+            data += chunk
+    s.close()
+    return {"answers": status_lines(data)}
+
+
+def closing_linger(guard: Guard, n: int = 200, within: float = 40.0) -> dict:
+    """``n`` TLS connections each asking ``/healthz`` with ``Connection: close``, reading the answer, and never
+    sending close_notify back: how long the guard holds them."""
+    raise_fd_limit(n + 1024)
+    raws = []
+    for _ in range(n):
+        raw = socket.create_connection(("127.0.0.1", guard.port), timeout=10)
+        tls = guard.tls.wrap_socket(raw, server_hostname="localhost", do_handshake_on_connect=True)
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: guard\r\nConnection: close\r\n\r\n")
+        tls.recv(1000)
+        raws.append(socket.socket(fileno=tls.detach()))  # the TCP socket: the client's TLS layer stays silent
+    when = wait_closed(raws, within)
+    for r in raws:
+        r.close()
+    return {"connections": n, **summary(when, within)}
+
+
+def tls_client(guard: Guard, port: int | None = None) -> tuple[socket.socket, ssl.SSLObject, ssl.MemoryBIO,
+                                                                 ssl.MemoryBIO]:
+    """A TLS connection whose records the caller sends itself (to put a request and close_notify in one write)."""
+    raw = socket.create_connection(("127.0.0.1", port or guard.port), timeout=10)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = guard.tls.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    while True:
+        try:
+            obj.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            raw.sendall(outgoing.read())
+            data = raw.recv(65536)
+            if not data:
+                raise OSError("closed during the handshake")
+            incoming.write(data)
+    raw.sendall(outgoing.read())
+    return raw, obj, incoming, outgoing
+
+
+def close_notify_after_request(guard: Guard, n: int = 20) -> dict:
+    """``n`` times: a review and the client's close_notify in one write (TLS), and a review then a TCP half-close
+    (the metrics port, plain HTTP, ``/healthz``): how many answers arrive."""
+    body = review()
+    post = (b"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % len(body)) + body
+    tls_answered = plain_answered = 0
+    for _ in range(n):
+        raw, obj, incoming, outgoing = tls_client(guard)
+        obj.write(post)
+        with contextlib.suppress(ssl.SSLWantReadError):
+            obj.unwrap()  # writes close_notify; the guard's comes later
+        raw.sendall(outgoing.read())
+        raw.settimeout(10)
+        plain = b""
+        with contextlib.suppress(OSError):
+            while chunk := raw.recv(65536):
+                incoming.write(chunk)
+                with contextlib.suppress(ssl.SSLError):
+                    while part := obj.read(65536):
+                        plain += part
+        raw.close()
+        tls_answered += plain.startswith(b"HTTP/1.1 200")
+        s = connect(guard, guard.metrics_port)
+        s.sendall(HEALTHZ)
+        s.shutdown(socket.SHUT_WR)
+        plain_answered += bool(answers(s)[:1] == ["HTTP/1.1 200 OK"])
+        s.close()
+    return {"requests": n, "tls_answered": tls_answered, "plain_answered": plain_answered}
+
+
+def conformance(guard: Guard) -> dict:
+    """Requests a server must refuse or answer in a set way (RFC 9112 request targets, RFC 9110 100-continue),
+    and a slash-ended admission path with a forged Host: what each gets."""
+    out = {}
+
+    def first(raw: bytes, wait: float = 5.0, then: bytes = b"") -> str:
+        s = connect(guard, timeout=wait)
+        s.sendall(raw)
+        s.settimeout(wait)
+        try:
+            got = s.recv(65536)
+        except OSError:
+            got = b""
+        if then:
+            s.sendall(then)
+            with contextlib.suppress(OSError):
+                got = got or s.recv(65536)
+        s.close()
+        line = got.partition(b"\r\n")[0].decode("latin-1") or "no answer"
+        location = [h for h in got.split(b"\r\n") if h.lower().startswith(b"location:")]
+        return line + (f" ({location[0].decode('latin-1')})" if location else "")
+
+    body = review()
+    out["http_0_9"] = first(b"GET /healthz HTTP/0.9\r\n\r\n")
+    s = connect(guard, timeout=5)
+    s.sendall(b"POST /validate HTTP/1.0\r\nHost: guard\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body))
+    s.settimeout(1.5)
+    try:
+        early = s.recv(100).partition(b"\r\n")[0].decode("latin-1")
+    except OSError:
+        early = "nothing"
+    s.close()
+    out["http_1_0_expect_continue"] = early
+    authority = f"localhost:{guard.port}"
+    out["absolute_form_same_host"] = first(f"GET https://{authority}/healthz HTTP/1.1\r\nHost: {authority}\r\n"
+                                           "\r\n".encode())
+    out["absolute_form_other_host"] = first(b"GET http://example.org/healthz HTTP/1.1\r\nHost: example.org\r\n\r\n")
+    out["slash_path_forged_host"] = first(b"POST /mutate/ HTTP/1.1\r\nHost: evil.example\r\n"
+                                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                                          + body)
+    return out
+
+
 FLOOD_VMS = 5000
 
 
@@ -704,6 +890,20 @@ ATTACKS = [
     Attack("endless_trailer", "a chunked body ending in one trailer header that never ends", endless_trailer),
     Attack("websocket_upgrade", "600 WebSocket upgrade requests, each connection closed once answered",
            websocket_upgrades),
+    Attack("tiny_chunks_tls", "200 TLS connections each holding a chunked body of 2-byte chunks just under the limit",
+           tiny_chunks),
+    Attack("tiny_chunks_metrics", "200 metrics-port connections each holding a chunked body of 2-byte chunks",
+           lambda g: tiny_chunks(g, port=g.metrics_port)),
+    Attack("split_head", "a request and, in the same read, the start of a second head twice the header budget",
+           split_head),
+    Attack("pipelined_pair", "two reviews pipelined in three reads, each body split between two",
+           pipelined_pair),
+    Attack("closing_linger", "200 `Connection: close` requests whose clients never send close_notify back",
+           closing_linger),
+    Attack("close_notify", "20 reviews each followed in the same write by close_notify (TLS), 20 probes each "
+           "followed by a half-close (metrics port)", close_notify_after_request),
+    Attack("conformance", "HTTP/0.9; `Expect: 100-continue` from HTTP/1.0; absolute-form targets; `/mutate/` with "
+           "a forged Host", conformance),
     Attack("event_flood", f"forged reviews of {FLOOD_VMS:,} distinct denied VMs (an Event and an annotation each; "
            "live mode, every API answer 20 ms late)", lambda g, api: event_flood(g), cluster=True, flood=FLOOD_VMS,
            latency=0.02),
@@ -762,6 +962,9 @@ def checkout(ref: str) -> Iterator[Path]:
 # ---- the docs section -----------------------------------------------------------------------------------
 
 
+_COMMON = {"attack_s", "rss_growth_mib", "rss_before_mib", "probes_answered", "probe_worst_s"}
+
+
 def _cell(name: str, r: dict) -> str:
     grow = f"+{r['rss_growth_mib']:g} MiB"
     if name.startswith("headers") or name == "endless_trailer":
@@ -777,13 +980,25 @@ def _cell(name: str, r: dict) -> str:
     elif name == "log_amplification":
         what = (f"{r['request_bytes'] / 1024:,.0f} KiB each; longest log line {r['longest_log_line_bytes'] / 1024:,.1f} KiB, "
                 f"{r['log_lines_with_control_chars']} lines with control characters, {r['forged_log_lines']} forged lines")
-    elif name.startswith("pipeline"):
+    elif name.startswith("pipeline_"):
         what = (f"{r['requests_sent']:,} requests ({r['sent_mib']:g} MiB) sent, {r.get('answers_read', 0):,} answers; "
                 + (f"closed by the guard after {r['held_s']:g} s" if r["closed_by_guard"] else f"still open after {r['held_s']:g} s"))
     elif name in ("abrupt_close", "websocket_upgrade"):
         what = f"open connections counted 2 s later: {r['open_after_2s']:g}; closes for capacity: {r['capacity_closes']:g}"
         if name == "websocket_upgrade":
             what = f"answers {r['answers']}; {what}"
+    elif name.startswith("tiny_chunks"):
+        what = (f"{r['connections'] - r['refused']:,} bodies of {r['body_bytes'] / 1024:,.0f} KiB taken, "
+                f"{r['held_after_2s']:,} still open after 2 s; resident {r['rss_after_close_mib']:g} MiB after they closed")
+    elif name in ("split_head", "pipelined_pair"):
+        what = "answers: " + (", ".join(r["answers"]) or "none")
+    elif name == "closing_linger":
+        what = (f"all closed within {r['last_closed_s']:g} s" if not r["still_open"]
+                else f"{r['still_open']:,} of {r['connections']:,} open after {r['waited_s']:g} s")
+    elif name == "close_notify":
+        what = f"answered: {r['tls_answered']}/{r['requests']} over TLS, {r['plain_answered']}/{r['requests']} plain"
+    elif name == "conformance":
+        what = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.items() if k not in _COMMON)
     elif name == "event_flood":
         what = f"{r['denied']:,} denied; dropped by kind: {r['dropped'] or 'none'}"
     elif name == "reread_amplification":
@@ -792,26 +1007,39 @@ def _cell(name: str, r: dict) -> str:
     else:
         what = (f"{r['eviction_allowed_events']} `EvictionAllowed` Events (count {r['counted']}) for {r['forged']} "
                 f"forged reviews and the prober's, {r['events_with_control_chars']} with control characters")
-    return f"{grow}; {what}; probes {r['probes_answered']}"
+    return f"{grow}; {what}; probes {r['probes_answered']} (slowest {r['probe_worst_s']:g} s)"
 
 
-def section(result: dict) -> str:
-    meta = result["meta"]
+def _header(meta: dict, what: str) -> str:
+    return (f"{what} by `make reliability` ({meta['started'][:16].replace('T', ' ')} UTC, {meta['cpus']} CPUs, "
+            f"load average {meta['loadavg'][0]:.1f}; before = `{meta.get('before_ref', '-')}` "
+            f"({meta.get('before_commit', '-')[:10]}), after = this tree, default settings)")
+
+
+def section(result: dict, kept: dict[str, str] | None = None, kept_header: str = "") -> str:
+    """The docs section; ``kept``: rows (by attack description) of attacks this run did not measure, kept as they
+    were, ``kept_header`` the line that says when those were measured."""
+    meta, kept = result["meta"], kept or {}
     rows = []
     for attack in ATTACKS:
         after = result["after"].get(attack.name)
         before = result.get("before", {}).get(attack.name)
         if after is None:
+            if attack.what in kept:
+                rows.append(kept[attack.what])
             continue
-        rows.append(f"| {attack.what} | {_cell(attack.name, before) if before else 'not measured'} "
+        mark = " (†)" if kept else ""
+        rows.append(f"| {attack.what}{mark} | {_cell(attack.name, before) if before else 'not measured'} "
                     f"| {_cell(attack.name, after)} |")
+    if kept:
+        intro = (f"{kept_header}; the rows marked (†): {_header(meta, 'measured').replace('measured by', 'by')}")
+    else:
+        intro = _header(meta, "Regenerated")
     return "\n".join([
         BEGIN,
-        f"Regenerated by `make reliability` ({meta['started'][:16].replace('T', ' ')} UTC, {meta['cpus']} CPUs, "
-        f"load average {meta['loadavg'][0]:.1f}; before = `{meta.get('before_ref', '-')}` "
-        f"({meta.get('before_commit', '-')[:10]}), after = this tree, default settings). Each cell: the peak growth "
-        "of the guard's resident memory, what the attacker got, and how many of the prober's requests "
-        "(`/healthz` and a real review on new connections every 0.25 s) were answered during the attack.",
+        intro + ". Each cell: the peak growth of the guard's resident memory, what the attacker got, and how many of "
+        "the prober's requests (`/healthz` and a real review on new connections every 0.25 s) were answered during "
+        "the attack, and the slowest.",
         "",
         "| attack | before | after |",
         "|---|---|---|",
@@ -821,9 +1049,20 @@ def section(result: dict) -> str:
 
 
 def write_doc(doc: Path, result: dict) -> None:
+    """Rewrite the section; with only some attacks measured, the other rows stay as they were."""
     text = doc.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    doc.write_text(text[:start] + section(result) + text[end:])
+    kept, kept_header = {}, ""
+    if any(a.name not in result["after"] for a in ATTACKS):
+        old = text[start:end].splitlines()
+        kept_header = next((line.split(". Each cell")[0] for line in old if line.startswith(("Regenerated", "Rows"))), "")
+        kept_header = kept_header.replace("Regenerated by", "Rows without a mark measured by", 1).split("; the rows marked")[0]
+        for line in old:
+            if line.startswith("| ") and not line.startswith(("| attack |", "|---")):
+                what = line[2:].split(" | ")[0]
+                if " (†)" not in what:
+                    kept[what] = line
+    doc.write_text(text[:start] + section(result, kept, kept_header) + text[end:])
 
 
 def main(argv: list[str] | None = None) -> int:

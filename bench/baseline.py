@@ -24,8 +24,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 import app.serve as serve_module
-from app.admission.asgi import AdmissionEndpoint, GuardApp
-from app.admission.server import GuardContext
+from app.admission.server import ADMISSION_PATHS, GuardContext
 from app.cli import build_parser
 from app.cluster.store import ClusterStore
 from app.logs import configure
@@ -56,16 +55,19 @@ def empty_context(_args, _cluster=None) -> GuardContext:
     return GuardContext(view=ClusterStore(), settings=PolicySettings())
 
 
-def raw_app(_ctx: GuardContext | None = None, **_options) -> FastAPI:
-    """The floor: the same constant answer from the guard's own bare ASGI endpoint
-    (``app.admission.asgi``), i.e. the guard's server + TLS + its request path with no
-    work in it. What is left between this and the guard is the guard's own work."""
-    app = GuardApp(docs_url=None, redoc_url=None, openapi_url=None)
-    app.serve_admission(AdmissionEndpoint(lambda ctype, body, started: (200, ALLOWED), 1 << 20))
+def raw_app(_ctx: GuardContext | None = None, **_options):
+    """The floor: the same constant answer from a bare ASGI callable on the guard's own server, i.e. the server
+    and TLS with no request path and no work in it (everything else goes to ``bare_app``)."""
+    rest = bare_app()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(ALLOWED)).encode())]
 
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        return Response(b'{"status":"ok"}', media_type="application/json")
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ADMISSION_PATHS:
+            await receive()
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": ALLOWED})
+            return
+        await rest(scope, receive, send)
 
     return app
 

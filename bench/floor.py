@@ -1,4 +1,4 @@
-"""The floor: the guard's server + TLS + its bare ASGI endpoint answering a constant (see baseline.raw_app)."""
+"""The floor: the guard's server + TLS + a bare ASGI callable answering a constant (see baseline.raw_app)."""
 
 import sys
 

@@ -7,7 +7,7 @@ Steps (each bounded in time):
   2. time ``policy.decide`` alone on that state per mix, and write the policy's
      answer to every body, for the baseline (``bench.decide``, own process);
   3. start the real guard (``python -m app serve``, TLS with certificates from
-     ``app.tls.issue_certs``, the snapshot, production defaults: info logs, side
+     ``app.transport.tls.issue_certs``, the snapshot, production defaults: info logs, side
      effects on), the baseline (``bench.plain``: what a user would compare
      against, a plain FastAPI route served by plain ``uvicorn --ssl-*`` with its
      defaults, answering each review as the guard does: the same bytes out), and two references on the guard's own ``serve`` (``bench.baseline``:
@@ -58,7 +58,7 @@ from pathlib import Path
 
 import orjson
 
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 from bench.bodies import build_bodies, write_bodies
 from bench.loadgen import percentiles
 from bench.mixes import DEFAULT as DEFAULT_MIXES

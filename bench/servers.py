@@ -4,7 +4,7 @@
 
 Candidates (each one process, one worker, TLS from the same pair, access logs off):
 
-- ``guard``: the guard's own protocol (``app.admission.protocol``: public asyncio APIs and httptools);
+- ``guard``: the guard's own protocol (``app.transport.http``: public asyncio APIs and httptools);
 - ``uvicorn``: uvicorn with httptools and uvloop (what the guard subclassed before);
 - ``granian``: granian's ASGI interface (Rust, hyper and rustls), one worker;
 - ``hypercorn``: hypercorn (h11) on uvloop.
@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 from bench.attacks import HEALTHZ, MiB, free_port, wait_closed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,8 +65,8 @@ def argv(name: str, port: int, certs: dict[str, Path]) -> list[str]:
 
 def serve_own(port: int, cert: str, key: str) -> None:
     """bench.plain's app behind the guard's own protocol, as ``serve`` runs it (defaults)."""
-    from app.admission.protocol import HttpLimits, Listener, event_loop
-    from app.tls import server_context
+    from app.transport.http import HttpLimits, Listener, event_loop
+    from app.transport.tls import server_context
     from bench.plain import app
 
     sock = socket.socket()
@@ -376,7 +376,7 @@ FEATURES = {
         "guard": "yes", "uvicorn": "`--limit-concurrency` answers 503 past it; connections still accepted",
         "granian": "`--backpressure` limits requests, not connections", "hypercorn": "no"},
     "protocol code of the project's own": {
-        "guard": "`protocol.py` (about 500 lines) on public APIs only",
+        "guard": "`app/transport/http.py` (about 600 lines) on public APIs only",
         "uvicorn": "272 lines subclassing its private `HttpToolsProtocol`, plus a subclass of its `Server`",
         "granian": "would delete all of it, and with it the bounds above that granian lacks (no hook on connections "
                    "to put them back)",

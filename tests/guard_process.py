@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 
 ROOT = Path(__file__).resolve().parents[1]
 

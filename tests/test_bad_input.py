@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 from tests.guard_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

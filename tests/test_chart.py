@@ -28,7 +28,7 @@ from app.cli import build_parser
 from app.cluster.descheduler import DeschedulerCheck
 from app.config import build_settings, load_config_file
 from app.metrics import Metrics
-from app.tlsreload import ReloadMetrics
+from app.transport.tlsreload import ReloadMetrics
 from tests.fakeapi import FakeApiServer
 from tests.values import merge
 

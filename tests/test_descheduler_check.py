@@ -291,7 +291,7 @@ def test_serve_in_live_mode_exports_the_check_on_the_metrics_port(api, tmp_path)
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from app.tls import issue_certs, write_certs
+    from app.transport.tls import issue_certs, write_certs
 
     root = Path(__file__).resolve().parents[1]
     certs = write_certs(issue_certs("guard", "ns"), tmp_path / "certs")

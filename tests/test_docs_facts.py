@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from app.domain.kinds import KINDS, OPTIONAL_KINDS
 from app.metrics import PREFIX, Metrics
-from app.tlsreload import ReloadMetrics
+from app.transport.tlsreload import ReloadMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 OPERATIONS = (ROOT / "docs" / "operations.md").read_text()

@@ -156,7 +156,7 @@ def test_a_tls_handshake_must_finish_within_the_timeout(tmp_path) -> None:
     ("--max-body-bytes", "0", "argument --max-body-bytes: expected a positive whole number"),
 ])
 def test_a_bad_bound_stops_start_up_naming_it(tmp_path, capsys, flag, value, complaint) -> None:
-    from app.tls import issue_certs, write_certs
+    from app.transport.tls import issue_certs, write_certs
 
     certs = write_certs(issue_certs("guard", "test"), tmp_path / "certs")
     try:

@@ -62,7 +62,7 @@ mutations = st.lists(st.tuples(st.sampled_from(PATHS), st.one_of(st.just(DELETE)
 
 @pytest.fixture(scope="module")
 def client():
-    ctx = GuardContext(view=STORE, settings=PolicySettings(), clock=lambda: NOW, max_body_bytes=1 << 20)
+    ctx = GuardContext(view=STORE, settings=PolicySettings(), clock=lambda: NOW)
     with TestClient(create_app(ctx), raise_server_exceptions=True) as c:
         yield c
 

@@ -22,6 +22,7 @@ ALLOWED = {
     "app.policy": {"app.domain"},
     "app.cluster": {"app.domain", "app.policy"},
     "app.admission": {"app.domain", "app.policy"},
+    "app.transport": set(),  # the HTTP server, TLS and the metrics port: generic, below the admission handler
     "app.metricsource": {"app.domain"},
 }
 

@@ -11,13 +11,12 @@ import time
 
 import httpx
 
-from app.admission.asgi import ADMISSION_PATHS
-from app.admission.protocol import HttpLimits
-from app.admission.server import GuardContext, create_app
-from app.metrics_server import MetricsServer
+from app.admission.server import ADMISSION_PATHS, GuardContext, create_app
 from app.policy import PolicySettings
-from app.serve import GuardServer, listener
-from app.tls import issue_certs, server_context, write_certs
+from app.transport.http import HttpLimits
+from app.transport.listeners import GuardServer, listener
+from app.transport.metrics_port import MetricsServer
+from app.transport.tls import issue_certs, server_context, write_certs
 from tests.builders import NOW, node, store_of
 from tests.live_support import eventually
 
@@ -42,7 +41,7 @@ def test_a_stalled_webhook_loop_fails_both_ports_probes_and_they_recover(tmp_pat
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     assert server.started.wait(10)
-    side = MetricsServer(ctx, metrics_sock).start()
+    side = MetricsServer(create_app(ctx), ctx.metrics, metrics_sock).start()
     https = f"https://127.0.0.1:{webhook_sock.getsockname()[1]}"
     plain = f"http://127.0.0.1:{metrics_sock.getsockname()[1]}"
     kubelet = ssl.create_default_context()  # a kubelet HTTPS probe: no verification, no client certificate

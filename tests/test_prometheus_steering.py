@@ -17,7 +17,7 @@ import pytest
 
 from app.cli import main as cli_main
 from app.metricsource.prometheus import PrometheusSource
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 from tests.builders import node, pod, vmi
 from tests.guard_process import GuardProcess, free_port
 from tests.live_support import eventually, evict, reason, scrape

@@ -44,7 +44,7 @@ import pytest
 
 from app.domain.history import HISTORY_ANNOTATION
 from app.timefmt import parse_duration
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 from tests.fakeapi import FakeApiServer
 from tests.fakeapi import objects as o
 from tests.guard_process import ROOT, GuardProcess

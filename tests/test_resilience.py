@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 from tests.builders import FIXTURES, node, pod, vmi
 from tests.guard_process import ROOT, GuardProcess
 

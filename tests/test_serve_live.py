@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from app.cli import main
-from app.tls import issue_certs, write_certs
+from app.transport.tls import issue_certs, write_certs
 from tests.builders import FIXTURES
 from tests.fakeapi import FakeApiServer
 from tests.fakeapi import objects as o

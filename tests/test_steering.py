@@ -121,7 +121,7 @@ def test_the_token_is_sent_and_read_again_every_round(tmp_path) -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from app.metricsource.prometheus import PrometheusSource
-    from app.tls import issue_certs, write_certs
+    from app.transport.tls import issue_certs, write_certs
 
     seen: list[str] = []
     valid = {"token": "first"}

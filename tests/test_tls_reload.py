@@ -25,8 +25,8 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.tls import issue_certs, server_context
-from app.tlsreload import CertReloader
+from app.transport.tls import issue_certs, server_context
+from app.transport.tlsreload import CertReloader
 
 ROOT = Path(__file__).resolve().parents[1]
 REVIEW = (ROOT / "examples" / "requests" / "deny-cooldown.json").read_bytes()

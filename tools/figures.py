@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # the guard as served: what the request-path and client figures measure
 SERVING = ["app/admission", "app/policy", "app/domain", "app/cluster", "app/effects", "app/serve.py",
-           "app/metrics.py", "app/metrics_server.py", "app/logs.py", "app/tls.py", "app/startup.py", "app/config.py",
+           "app/transport", "app/metrics.py", "app/logs.py", "app/startup.py", "app/config.py",
            "pyproject.toml"]
 SIMULATOR = ["app/sim", "app/policy", "app/domain", "app/effects/history.py", "examples/scenarios"]
 

@@ -1,4 +1,4 @@
-"""A mutation probe: plausible one-line bugs in the policy, cluster, effects and admission code, each applied to a
+"""A mutation probe: plausible one-line bugs in the policy, cluster, effects, admission and transport code, each applied to a
 fresh copy of the committed tree (``git archive HEAD``) and run against the tests that cover its package; a mutant
 is killed when a test fails. Prints one line per mutant and the kill rate.
 
@@ -31,6 +31,7 @@ TESTS = {
     "effects": ["tests/effects", "tests/test_history.py"],
     "admission": ["tests/test_admission_endpoint.py", "tests/test_http.py", "tests/test_bad_input.py",
                   "tests/test_hostile_input.py", "tests/test_fresh_leavers.py", "tests/test_readme.py"],
+    "transport": ["tests/test_http_protocol.py", "tests/test_http.py"],
 }
 
 
@@ -102,8 +103,12 @@ MUTANTS = [
            "a denial is 403, not 429"),
     Mutant("admission", "app/admission/review.py", '        or _has_all(_dict(obj, "deleteOptions").get("dryRun"))\n', "",
            "the Eviction's deleteOptions.dryRun is missed"),
-    Mutant("admission", "app/admission/asgi.py", "            return body if len(body) <= limit else None",
-           "            return body if len(body) <= limit + 1 else None", "a body one byte over the limit is taken"),
+    # ---- app/transport
+    Mutant("transport", "app/transport/http.py",
+           "        if len(self.body) + len(body) > self.limits.max_body_bytes:",
+           "        if len(self.body) + len(body) > self.limits.max_body_bytes + 1:", "a body one byte over the limit is taken"),
+    Mutant("transport", "app/transport/http.py", "        self.overhead += len(piece) - self.piece_body\n",
+           "        self.overhead = len(piece) - self.piece_body\n", "a head is charged per read, not per request"),
     Mutant("admission", "app/admission/server.py", "        if decision.allowed and decision.budget_node and ctx.fresh_view is not None:",
            "        if False:", "rule 8 is never read again before an allow"),
 ]

@@ -1,8 +1,7 @@
 """The FastAPI app: /mutate, /validate, /healthz, /readyz, and /metrics where asked for.
 
-``admit`` takes the raw body (read, bounded, by ``asgi.AdmissionEndpoint``,
-which answers these routes ahead of FastAPI's request path), decodes it with
-``review.decode``, asks ``policy.decide`` and returns the answer; everything else a decision
+``admit`` takes the raw body (read whole, within the body limit, by the HTTP server: ``app.transport.http``),
+decodes it with ``review.decode``, asks ``policy.decide`` and returns the answer; everything else a decision
 causes (log line, metrics, Events, the annotation) goes to ``on_decision``,
 which must not block: side effects are queued, never run on the request path.
 
@@ -13,6 +12,7 @@ read fresh (``fresh_view``; ``app.cluster.fresh`` says why), in a thread, so the
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -24,7 +24,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from app.admission import review as rv
-from app.admission.asgi import AdmissionEndpoint, GuardApp
 from app.admission.reads import ReadRefused, SharedReads
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
@@ -34,7 +33,8 @@ from app.policy.model import Decision, PolicySettings, Reason
 
 log = logging.getLogger("kubevirt_eviction_guard.admission")
 JSON = "application/json"
-DEFAULT_MAX_BODY = 64 * 1024  # an eviction review is a few KiB
+ADMISSION_PATHS = frozenset({"/mutate", "/validate"})
+INTERNAL_ERROR = b'{"error":"internal error in the admission endpoint","code":500}'
 
 
 @dataclass
@@ -49,7 +49,6 @@ class GuardContext:
     metrics: Metrics = field(default_factory=Metrics)
     on_decision: Callable[[rv.Review, Decision], None] | None = None
     effects: Any = None  # app.effects.Effects: started and stopped with the server
-    max_body_bytes: int = DEFAULT_MAX_BODY
     shutting_down: bool = False
     # steering (rule 10): the latest Prometheus snapshot; None turns the rule off
     usage: Callable[[], UsageSnapshot | None] = lambda: None
@@ -58,7 +57,7 @@ class GuardContext:
     fresh_view: Callable[[str], ClusterView] | None = None
     fresh_view_timeout: float = 2.0
     fresh_reads_per_second: float = 20.0  # reads before an allow, all nodes together (cluster.fresh.SharedReads)
-    # time.monotonic() of the HTTPS port's event loop's last heartbeat (serve.GuardServer); None: not beating
+    # time.monotonic() of the HTTPS port's event loop's last heartbeat (transport.listeners.GuardServer); None: not beating
     webhook_beat: float | None = None
     stalled_after: float = 5.0  # seconds without a heartbeat after which /healthz and /readyz fail
 
@@ -82,7 +81,9 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
     """``metrics_route``: serve /metrics here. ``serve`` turns it off on the HTTPS port when there is a metrics
     port: the chart's NetworkPolicy admits monitoring to the metrics port only and everyone to the webhook port, so
     the metrics (nodes, namespaces, decisions) must not be one port away from everyone."""
-    app = GuardApp(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirects: a slash-ended path is a 404, never a Location built from the client's Host header
+    app = FastAPI(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     app.state.guard = ctx
     metrics = ctx.metrics
 
@@ -90,13 +91,11 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
         metrics.bad_requests_by(str(status)).inc()
         return status, rv.errored(status, message)
 
-    def admit(ctype: str, body: bytes | None, started: float):
+    def admit(ctype: str, body: bytes, started: float):
         """The answer to one POST: (status, JSON body), or a coroutine that gives it when the answer needs the
-        API server. ``body`` is None when it was over the limit."""
+        API server."""
         if ctype.split(";", 1)[0].strip().lower() != JSON:
             return error(400, f"content type must be {JSON}, got {ctype or 'none'!r}")
-        if body is None:
-            return error(413, f"request body larger than {ctx.max_body_bytes} bytes")
         try:
             review = rv.decode(body)
         except rv.BadReview as e:
@@ -156,7 +155,18 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
         metrics.admission_duration.observe(time.perf_counter() - started)
         return 200, out
 
-    app.serve_admission(AdmissionEndpoint(admit, ctx.max_body_bytes))  # see asgi.py: bypasses FastAPI's request path
+    async def admission(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            answer = admit(request.headers.get("content-type", ""), await request.body(), started)
+            status, payload = await answer if inspect.isawaitable(answer) else answer
+        except Exception:  # admit() fails open on policy errors; anything else is a bug: say so, in JSON
+            log.exception("admission endpoint failed")
+            status, payload = 500, INTERNAL_ERROR
+        return Response(payload, status_code=status, media_type=JSON)
+
+    for path in sorted(ADMISSION_PATHS):
+        app.add_api_route(path, admission, methods=["POST"], include_in_schema=False)
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -156,7 +156,7 @@ class GuardServer:
         import uvicorn
 
         from app.admission.server import create_app
-        from app.tls import issue_certs, write_certs
+        from app.transport.tls import issue_certs, write_certs
 
         paths = write_certs(issue_certs("guard", "test"), cert_dir)
         self.ca = str(paths["ca"])

@@ -19,8 +19,8 @@ import threading
 
 import orjson
 
-from app.admission.protocol import HttpLimits, Listener, event_loop
-from app.admission.server import GuardContext, create_app
+from app.metrics import Metrics
+from app.transport.http import HttpLimits, Listener, event_loop
 
 SIDE_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 
@@ -43,13 +43,14 @@ def only_paths(app, allowed: frozenset[str] = SIDE_PATHS):
 class MetricsServer:
     """The side port in a thread of its own, with its own event loop and the same bounds as the HTTPS port."""
 
-    def __init__(self, ctx: GuardContext, sock: socket.socket, limits: HttpLimits | None = None) -> None:
-        """``sock``: already bound (``serve`` binds it before loading anything)."""
+    def __init__(self, app, metrics: Metrics, sock: socket.socket, limits: HttpLimits | None = None) -> None:
+        """``app``: the guard's ASGI app (served behind ``only_paths``); ``sock``: already bound (``serve`` binds it
+        before loading anything)."""
         limits = limits or HttpLimits()
-        closed = ctx.metrics.connections_closed
-        self.listener = Listener(only_paths(create_app(ctx)), limits,
+        closed = metrics.connections_closed
+        self.listener = Listener(only_paths(app), limits,
                                  on_close=lambda reason: closed.labels("metrics", reason).inc())
-        ctx.metrics.open_connections.labels("metrics").set_function(lambda: len(self.listener.table))
+        metrics.open_connections.labels("metrics").set_function(lambda: len(self.listener.table))
         self.sock = sock
         self._loop = event_loop()
         self._started = threading.Event()

@@ -35,7 +35,7 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from app.metrics import PREFIX
-from app.tls import TLSError, server_context
+from app.transport.tls import TLSError, server_context
 
 log = logging.getLogger("kubevirt_eviction_guard.tls")
 

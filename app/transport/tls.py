@@ -17,7 +17,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-
 # TLS 1.2: forward-secret AEAD suites only (no CBC), what Go's crypto/tls, and so kube-apiserver, offers first
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 

@@ -14,22 +14,30 @@ subclassing a server's private classes. Here everything rests on public APIs: ``
   longest ago (clients that hold connections churn among themselves, the API server is rarely the oldest);
 - the TLS handshake must finish within ``tls_handshake_timeout``;
 - one request at a time: once a request is complete, reading stops until it is answered and the answer has left
-  the write buffer (so a client that never reads stops being read); a single read that already holds more than
-  ``MAX_PIPELINED`` complete requests closes the connection;
-- the request line, headers and trailers share ``max_header_bytes`` and ``max_headers``
-  (past either: 431, close); the body ``max_body_bytes`` (past it: 413, close); chunk framing may not use more
-  than the header budget plus a few bytes per chunk;
+  the write buffer (so a client that never reads stops being read); what a client pipelined behind it waits
+  unparsed, at most two requests' budgets of it, and at most ``MAX_PIPELINED`` requests are answered from what
+  arrived at once (past either: 429, close);
+- each request, however reads split it: the request line, headers, chunk framing and trailers share
+  ``max_header_bytes`` (plus a few bytes per chunk) and ``max_headers`` (past either: 431, close); the body
+  ``max_body_bytes``, kept in one buffer (past it: 413, close); HTTP/1.0 or 1.1 only (else 505), one Host, the
+  target a path (or an absolute URL naming that Host); ``100 Continue`` only to HTTP/1.1 clients with a body to
+  come (RFC 9110 10.1.1);
 - a timer is armed in every phase: a new connection must start its first request within ``request_timeout`` (or
-  the idle timeout, if shorter), an idle one is closed ``idle_timeout`` after its last answer, and from the first
-  byte of a request until its answer has been written the connection may take ``request_timeout``.
+  the idle timeout, if shorter), an idle one is closed ``idle_timeout`` after its last answer, from the first byte
+  of a request until its answer has been written the connection may take ``request_timeout``, and a connection
+  closed after an answer (``Connection: close``, HTTP/1.0, a refusal) is cut ``CLOSE_LINGER`` later;
+- a client that half-closes or sends close_notify right after a complete request still gets its answer.
 
 The ASGI side is small because the body is read whole (bounded) before the app is called: ``receive`` hands it
-over in one message, ``send`` writes the answer in one ``write``.
+over in one message, ``send`` writes the answer in one ``write``. The app is started at once, not as a task, so
+an answer that waits on nothing is written within the read that brought its request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import socket
 import ssl
@@ -47,10 +55,14 @@ import orjson
 log = logging.getLogger("kubevirt_eviction_guard.http")
 
 # why a connection was closed by a bound (kubevirt_eviction_guard_connections_closed_total{reason})
-CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY, UPGRADE, CLIENT_CERT = (
-    "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body", "upgrade", "client_certificate")
-MAX_PIPELINED = 8  # complete requests one read may bring before the connection is closed
-REFUSED_LINGER = 1.0  # seconds a refused connection may take to deliver its answer before it is cut
+CAPACITY, TLS_HANDSHAKE, HEADERS, REQUEST_TIMEOUT, PIPELINE, BODY, UPGRADE, CLIENT_CERT, VERSION = (
+    "capacity", "tls_handshake", "headers", "request_timeout", "pipelining", "body", "upgrade", "client_certificate",
+    "version")
+MAX_BODY_BYTES = 64 * 1024  # the default body limit (--max-body-bytes): an eviction review is a few KiB
+MAX_PIPELINED = 8  # requests answered one after the other from what arrived at once; past it: 429, close
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+CLOSE_LINGER = 1.0  # seconds a closing connection may take to deliver its last answer before it is cut
+TLS_READ_AHEAD = 32 * 1024  # encrypted bytes the TLS layer takes from the socket before the protocol asks
 CHUNK_FRAMING = 24  # bytes of framing allowed per chunk (size in hex, CRLFs) beyond the header budget
 STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
@@ -65,7 +77,7 @@ class HttpLimits:
     max_connections: int = 512
     tls_handshake_timeout: float = 10.0
     idle_timeout: float = 5.0
-    max_body_bytes: int = 64 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 class OpenConnections:
@@ -188,7 +200,11 @@ class Connection(asyncio.Protocol):
         self.busy = False  # a request is being answered
         self.can_write = asyncio.Event()
         self.can_write.set()
-        self.queue: list[tuple] = []  # complete requests not yet answered (pipelined in one read)
+        self.buffer = b""  # bytes received and not yet parsed (the next pipelined request, while one is answered)
+        self.tail = b""  # the last bytes parsed, to see a blank line split across two reads
+        self.piece_body = 0  # body bytes the parser handed over from the piece being fed
+        self.request: tuple | None = None  # a complete request, not yet answered
+        self.eof = False  # the client sent all it will send
         self.task: asyncio.Task | None = None
         self.disconnected: asyncio.Future | None = None
         self._reset_message()
@@ -221,6 +237,8 @@ class Connection(asyncio.Protocol):
         self.server = transport.get_extra_info("sockname")
         obj = transport.get_extra_info("ssl_object")
         self.peer_cert = bool(obj is not None and obj.getpeercert())
+        if obj is not None:  # TLS reads ahead of the protocol up to this much (the event loop's default: 256 KiB)
+            transport.set_read_buffer_limits(TLS_READ_AHEAD)  # type: ignore[attr-defined]
         self._established(transport)
 
     def _established(self, transport: asyncio.Transport) -> None:
@@ -241,8 +259,28 @@ class Connection(asyncio.Protocol):
                 pass
 
     def close_if_idle(self) -> None:
-        if self.transport is None or (not self.busy and self.message_started is None):
+        if self.transport is None or (not self.busy and self.request is None and self.message_started is None):
             self.abort()
+
+    def _close(self) -> None:
+        """Close after what was written has left; a client that does not take it (or never sends TLS close_notify
+        back) is cut after ``CLOSE_LINGER``: a closing TLS transport otherwise waits up to the event loop's own
+        shutdown timeout, and keeps reading and decrypting what the client sends meanwhile."""
+        self.closed = True
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            self.loop.call_later(CLOSE_LINGER, transport.abort)
+
+    def eof_received(self) -> bool:
+        """The client half-closed (TCP FIN) or sent TLS close_notify. A request already complete is still
+        answered (over plain TCP the transport stays open for it; TLS closes its side, so an answer the app gives
+        at once, before this is called, is what gets through); anything else is over."""
+        self.eof = True
+        if self.busy or self.request is not None:
+            return True
+        self._close()
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost()
@@ -254,7 +292,9 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.queue.clear()
+        self.request = None
+        self.buffer = b""
+        self._reset_message()
         self.can_write.set()
         if self.disconnected is not None and not self.disconnected.done():
             self.disconnected.set_result(None)
@@ -282,82 +322,115 @@ class Connection(asyncio.Protocol):
         if self.loop.time() < self.due:
             self.timer, self.timer_at = self.loop.call_at(self.due, self._expired), self.due
             return
-        if self.busy or self.message_started is not None:
+        if self.busy or self.request is not None or self.message_started is not None:
             log.info("closing a connection whose request was not complete and answered within %.0fs",
                      self.limits.request_timeout)
             self.listener.table.on_close(REQUEST_TIMEOUT)
         self.abort()
 
     # ---- reading -----------------------------------------------------------------------------------
+    #
+    # The parser is fed in pieces that never reach past the end of a request: a piece ends at the end of a
+    # Content-Length body, or at a blank line (CRLF CRLF, where every head and every chunked body ends), or where
+    # the request's budget runs out. So each request is charged exactly its own bytes, however the reads split
+    # them, and bytes of the next request stay unparsed (in ``buffer``, reading paused) until this one is answered.
 
     def _reset_message(self) -> None:
         self.message_started: float | None = None
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.header_count = 0  # headers and trailers
-        self.head_bytes = 0  # raw bytes fed while in the head or trailers
+        self.overhead = 0  # bytes that were not body: request line, headers, chunk framing, trailers
+        self.chunks = 0
         self.in_body = False
-        self.body: list[bytes] = []
-        self.body_size = 0
-        self.framing_left = self.limits.max_header_bytes
-        self.expect_continue = False
+        self.body = bytearray()  # one buffer: a body in many small chunks costs its length, not an object a chunk
+        self.body_left: int | None = None  # bytes of a Content-Length body still to come (None: chunked)
+        self.target: tuple[str, bytes, bytes] | None = None  # (path, raw path, query)
+        self.complete: tuple[bytes, str, bool] | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.closed or self.parser is None:
             return
-        try:
-            if self.in_body:
-                before = self.body_size
-                self.parser.feed_data(data)
-                # what was not body was chunk framing or trailers: both come out of the header budget
-                if self.in_body or self.message_started is not None:
-                    self._framing(len(data) - (self.body_size - before))
-            else:
-                self._feed_head(data)
-        except Refused as r:
-            self._refuse(r.status, r.reason, r.message)
+        self.buffer = self.buffer + data if self.buffer else data
+        if self.busy or self.request is not None:
+            # pipelined ahead of the answer: up to one more request's worth (reading is paused; one read may bring it)
+            if len(self.buffer) > 2 * (self.limits.max_header_bytes + self.limits.max_body_bytes):
+                self._refuse(429, PIPELINE, "too much pipelined ahead of the request being answered")
             return
-        except httptools.HttpParserUpgrade:
-            self._refuse(400, UPGRADE, "protocol upgrades are not served here")
-            return
-        except httptools.HttpParserCallbackError as e:
-            cause = e.__cause__ or e.__context__
-            if isinstance(cause, Refused):
-                self._refuse(cause.status, cause.reason, cause.message)
-            else:
-                self._refuse(400, "", "malformed request")
-            return
-        except httptools.HttpParserError as e:
-            self._refuse(400, "", f"malformed request: {e}"[:200])
-            return
-        if self.queue or self.busy:
-            self.transport.pause_reading()  # type: ignore[union-attr]
-            self._next()
+        self._serve()
 
-    def _feed_head(self, data: bytes) -> None:
-        """A head may not grow past its budget: feed only what it may still use, then see whether it ended."""
-        left = self.limits.max_header_bytes - self.head_bytes
-        if len(data) <= left:
-            self.head_bytes += len(data)
-            self.parser.feed_data(data)
+    def _serve(self) -> None:
+        """Parse and answer what has arrived, one request at a time, for as long as answers come at once."""
+        started = 0
+        while not self.closed:
+            if self.busy:
+                break
+            if self.request is not None:
+                if started == MAX_PIPELINED:  # one client may not keep the event loop to itself
+                    self._refuse(429, PIPELINE, f"more than {MAX_PIPELINED} pipelined requests")
+                    break
+                request, self.request = self.request, None
+                started += 1
+                self._start(request)
+                continue
+            if not self.buffer:
+                break
+            try:
+                self._parse()
+            except Refused as r:
+                self._refuse(r.status, r.reason, r.message)
+            except httptools.HttpParserUpgrade:
+                self._refuse(400, UPGRADE, "protocol upgrades are not served here")
+            except httptools.HttpParserCallbackError as e:
+                cause = e.__cause__ or e.__context__
+                if isinstance(cause, Refused):
+                    self._refuse(cause.status, cause.reason, cause.message)
+                else:
+                    self._refuse(400, "", "malformed request")
+            except httptools.HttpParserError as e:
+                self._refuse(400, "", f"malformed request: {e}"[:200])
+        if self.closed or self.transport is None:
             return
-        self.head_bytes += left
-        self.parser.feed_data(data[:left])
-        if self.in_body or self.message_started is None:  # the head ended within the budget: feed the rest
-            self.data_received(data[left:])
+        if self.busy:
+            self.transport.pause_reading()
+        elif self.eof:
+            self._close()  # the client has sent all it will: nothing more to answer
         else:
-            raise Refused(431, HEADERS, "request headers too large")
+            self.transport.resume_reading()
 
-    def _framing(self, nbytes: int) -> None:
-        self.framing_left -= nbytes
-        if self.framing_left < 0:
-            raise Refused(431, HEADERS, "request trailers or chunk framing too large")
+    def _parse(self) -> None:
+        """Feed the parser one piece of ``buffer`` (see above); charge the request what was not body."""
+        data = self.buffer
+        room = max(self.limits.max_header_bytes + CHUNK_FRAMING * self.chunks - self.overhead, 1)
+        if self.in_body:
+            room = self.body_left if self.body_left is not None else room + self.limits.max_body_bytes - len(self.body) + 1
+        cut = min(len(data), room)
+        end = data.find(b"\r\n\r\n", 0, cut)
+        if end >= 0:
+            cut = end + 4
+        if self.tail:  # a blank line split across two reads
+            end = (self.tail + data[:3]).find(b"\r\n\r\n")
+            if end >= 0:
+                cut = min(cut, end + 4 - len(self.tail))
+        piece, self.buffer = (data, b"") if cut >= len(data) else (data[:cut], data[cut:])
+        self.piece_body = 0
+        self.parser.feed_data(piece)
+        self.tail = (self.tail + piece)[-3:] if len(piece) < 3 else piece[-3:]
+        self.overhead += len(piece) - self.piece_body
+        if self.overhead > self.limits.max_header_bytes + CHUNK_FRAMING * self.chunks:
+            raise Refused(431, HEADERS, "request headers, trailers or chunk framing too large")
+        if self.complete:
+            method, version, keep_alive = self.complete
+            path, raw_path, query = self.target  # type: ignore[misc]
+            self.request = (method, path, raw_path, query, self.headers, bytes(self.body), version, keep_alive)
+            self._reset_message()
 
     def on_message_begin(self) -> None:
+        if self.complete:  # two requests in one piece: the boundary was not where a request must end
+            raise Refused(400, "", "malformed request")
         self.message_started = self.loop.time()
-        if not self.busy:
-            self.listener.table.touch(self)
-            self._phase(self.limits.request_timeout)
+        self.listener.table.touch(self)
+        self._phase(self.limits.request_timeout)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -371,60 +444,88 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_body = True
+        version = self.parser.get_http_version()
+        if version not in ("1.0", "1.1"):
+            raise Refused(505, VERSION, f"HTTP/{version} is not served here")
+        hosts, length, expect, chunked = [], None, None, False
         for name, value in self.headers:
-            if name == b"content-length" and value.strip().isdigit() and int(value) > self.limits.max_body_bytes:
-                raise Refused(413, BODY, f"request body larger than {self.limits.max_body_bytes} bytes")
-            if name == b"expect" and value.lower() == b"100-continue":
-                self.expect_continue = True
-        if self.expect_continue and not self.busy and not self.queue:
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"content-length":
+                length = int(value)  # the parser took only one, of digits
+            elif name == b"expect":
+                expect = value.strip().lower()
+            elif name == b"transfer-encoding":
+                chunked = True
+        if len(hosts) > 1 or (version == "1.1" and not hosts):
+            raise Refused(400, "", "a request needs exactly one Host header")
+        self.target = self._target(hosts[0] if hosts else b"")
+        if length is not None and length > self.limits.max_body_bytes:
+            raise Refused(413, BODY, f"request body larger than {self.limits.max_body_bytes} bytes")
+        self.body_left = None if chunked else length or 0
+        # RFC 9110 10.1.1: not to HTTP/1.0, only for a body still to come, and not after the body has begun
+        if expect == b"100-continue" and version == "1.1" and (chunked or length) and not self.buffer:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
 
+    def _target(self, host: bytes) -> tuple[str, bytes, bytes]:
+        """(path, raw path, query) of the request target (RFC 9112 3.2): origin-form, or absolute-form naming
+        this server as the Host header does (a proxy's request for another is refused); nothing else."""
+        url = self.url
+        if url[:1] != b"/":
+            scheme, _, rest = url.partition(b"://")
+            authority, slash, path = rest.partition(b"/")
+            if scheme.lower() != self.scheme.encode() or not authority or authority.lower() != host.lower():
+                raise Refused(400, "", "request target must be a path on this server")
+            url = slash + path or b"/"
+        raw_path, _, query = url.partition(b"?")
+        raw_path = raw_path.partition(b"#")[0]
+        return unquote(raw_path.decode("latin-1")), raw_path, query
+
     def on_chunk_header(self) -> None:
-        self.framing_left += CHUNK_FRAMING
+        self.chunks += 1
 
     def on_body(self, body: bytes) -> None:
-        self.body_size += len(body)
-        if self.body_size > self.limits.max_body_bytes:
+        self.piece_body += len(body)
+        if len(self.body) + len(body) > self.limits.max_body_bytes:
             raise Refused(413, BODY, f"request body larger than {self.limits.max_body_bytes} bytes")
-        self.body.append(body)
+        self.body += body
+        if self.body_left is not None:
+            self.body_left -= len(body)
 
     def on_message_complete(self) -> None:
-        if len(self.queue) >= MAX_PIPELINED:
-            raise Refused(429, PIPELINE, f"more than {MAX_PIPELINED} pipelined requests")
-        parser = self.parser
-        self.queue.append((parser.get_method(), self.url, self.headers, b"".join(self.body),
-                           parser.get_http_version(), parser.should_keep_alive()))
-        self._reset_message()
+        parser = self.parser  # read now: the parser forgets them once the next request begins
+        self.complete = (parser.get_method(), parser.get_http_version(), parser.should_keep_alive())
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
         if reason:
             self.listener.table.on_close(reason)
-        self.queue.clear()
-        self.closed = True
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(error_response(status, message))
-            self.transport.close()
-            # A closing TLS transport keeps reading (and decrypting) what the client sends while it waits for the
-            # answer to drain and for close_notify: a client that keeps sending would keep it busy. One second.
-            self.loop.call_later(REFUSED_LINGER, self.transport.abort)
+        self.request = None
+        self.buffer = b""
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and not self.closed:
+            transport.write(error_response(status, message))
+        self._close()
 
     # ---- answering ---------------------------------------------------------------------------------
 
-    def _next(self) -> None:
-        if self.busy or not self.queue or self.closed:
-            return
+    def _start(self, request: tuple) -> None:
+        """Answer ``request``: at once when the app does not wait on anything (most answers), so the answer is
+        written before the read that brought the request returns (and before a close_notify right behind it is
+        seen); else the rest runs as a task."""
         self.busy = True
-        request = self.queue.pop(0)
-        self.task = self.loop.create_task(self._answer(*request))
+        coro = self._answer(*request)
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            return
+        self.task = self.loop.create_task(resumed(coro, waiting))
 
-    async def _answer(self, method: bytes, url: bytes, headers: list, body: bytes, version: str,
-                      keep_alive: bool) -> None:
-        path_bytes, _, query = url.partition(b"?")
-        path = unquote(path_bytes.decode("latin-1"))
+    async def _answer(self, method: bytes, path: str, raw_path: bytes, query: bytes, headers: list, body: bytes,
+                      version: str, keep_alive: bool) -> None:
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": version,
             "server": self.server, "client": self.client, "scheme": self.scheme, "method": method.decode("ascii"),
-            "root_path": "", "path": path, "raw_path": path_bytes, "query_string": query, "headers": headers,
+            "root_path": "", "path": path, "raw_path": raw_path, "query_string": query, "headers": headers,
             "state": {},
         }
         response = Response(method == b"HEAD")
@@ -460,25 +561,42 @@ class Connection(asyncio.Protocol):
         if not response.done:
             log.error("the app returned without an answer on %s %s", scope["method"], path)
             response.parts = [error_response(500, "internal error", close=False)]
-        keep_alive = keep_alive and response.keep_alive and not self.listener.closing
+        keep_alive = keep_alive and response.keep_alive and not self.listener.closing and not self.eof
         self.transport.write(b"".join(response.parts))  # type: ignore[union-attr]
         if not keep_alive:
-            self.closed = True
-            self.transport.close()  # type: ignore[union-attr]
+            self._close()
             return
         if not self.can_write.is_set():  # the client does not read: wait, within the request's deadline
             await self.can_write.wait()
             if self.closed:
                 return
         self.busy = False
-        self.task = None
         self.listener.table.touch(self)
-        if self.queue:
-            self._phase(self.limits.request_timeout)
-            self._next()
+        self._phase(self.limits.request_timeout if self.buffer else self.limits.idle_timeout)
+        if self.task is not None:  # answered later than the read that brought the request: go on from here
+            self.task = None
+            self._serve()
+
+
+async def resumed(coro: Any, waiting: Any) -> None:
+    """Drive on a coroutine whose first step (run at once, outside any task) left it waiting on ``waiting``:
+    what a task does, for a coroutine already started (Python 3.12's eager tasks, on 3.11 too)."""
+    while True:
+        try:
+            if waiting is None:  # a bare yield (asyncio.sleep(0))
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait([waiting])
+        except asyncio.CancelledError as e:
+            try:
+                waiting = coro.throw(e)
+            except StopIteration:
+                return
+            continue
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
             return
-        self._phase(self.limits.idle_timeout if self.message_started is None else self.limits.request_timeout)
-        self.transport.resume_reading()  # type: ignore[union-attr]
 
 
 class Response:
@@ -523,6 +641,18 @@ class Response:
                     self._head.append(b"content-length: %d\r\n" % length)
                 self._head.append(b"\r\n")
                 self.parts[:0] = self._head
+
+
+def return_freed_memory() -> None:
+    """Make glibc's malloc give buffers of 64 KiB and more back to the system when they are freed. Its default
+    raises that threshold as large buffers come and go (TLS records, bodies, reads), after which they are carved
+    from the heap and a burst of clients leaves the process that much bigger for good. The price: each TLS read
+    (the event loop reads into a fresh 256 KiB buffer) becomes an mmap and a munmap. Elsewhere: nothing."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
