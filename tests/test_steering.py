@@ -177,3 +177,4 @@ def test_the_token_is_sent_and_read_again_every_round(tmp_path) -> None:
     finally:
         source.stop()
         server.shutdown()
+

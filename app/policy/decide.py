@@ -34,7 +34,7 @@ from app.domain.view import HEALTHY, CacheHealth, ClusterView
 from app.policy.cooldown import cooldown_state, relevant_migrations
 from app.policy.model import DESCHEDULER_REQUESTER, SCOPE_ALL, Decision, EvictionAttempt, PolicySettings, Reason
 from app.policy.nodecool import ARRIVED, LEFT, NodeCooldown, descheduler_caused, node_cooldown
-from app.policy.steering import Ranking, after_moves, rank
+from app.policy.steering import Ranking, rank
 from app.timefmt import format_duration
 
 COMPLETED_PHASES = ("Succeeded", "Failed")
@@ -211,20 +211,7 @@ def steering_ranking(node: str, vmi: VMIRecord, view: ClusterView, now: float, s
             continue
         movable.append((key, vm))
     excluded = {n for n in usage.nodes if (rec := view.node(n)) is not None and rec.draining}
-    return rank(after_moves(usage.nodes, usage.vms, moves_since(view, usage)), usage.averages, node, movable,
-                excluded)
-
-
-def moves_since(view: ClusterView, usage: UsageSnapshot) -> list[tuple[tuple[str, str], str, str]]:
-    """(VMI, source, target) of every move onto a node with data that ended after the data was taken."""
-    since = usage.taken_at if usage.taken_at is not None else float("inf")
-    out = []
-    for node in usage.nodes:
-        for m in view.moves_to(node):  # newest end first
-            if m.end is None or m.end <= since:
-                break
-            out.append(((m.namespace, m.vmi_name), m.source_node, node))
-    return out
+    return rank(usage.nodes, usage.averages, node, movable, excluded)
 
 
 def is_movable(view: ClusterView, key: tuple[str, str], node: str, now: float, settings: PolicySettings) -> bool:

@@ -5,11 +5,6 @@ recording rule) is 3 x the Euclidean norm of the node's positive deviations from
 the workers' average in four dimensions (CPU use, memory use, CPU pressure,
 memory pressure), capped at 1. Pressure counts only while use is above 70%.
 
-The measured inputs are a poll old; moves the cluster finished since they were
-taken (Succeeded VMIMs, from the cluster's own objects) are applied to them first
-(``after_moves``): a VM that has just left still counts on its old node in the
-data, one that has just arrived does not count on its new one.
-
 For a VM on the hot node, the move is predicted by taking its measured usage off
 the hot node and putting it on the likely target (the node with the lowest score),
 both as fractions of the node's capacity. What cannot be predicted is said so:
@@ -24,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from app.domain.usage import NodeUsage, VMUsage
 
@@ -58,27 +53,6 @@ def shifted(node: NodeUsage, vm: VMUsage, sign: float) -> tuple[float, float, fl
     cpu = min(1.0, max(0.0, node.cpu + sign * vm.cpu_cores / node.cpu_cores))
     mem = min(1.0, max(0.0, node.memory + sign * vm.memory_bytes / node.memory_bytes))
     return (cpu, mem, _gate(cpu, node.cpu_pressure), _gate(mem, node.memory_pressure))
-
-
-def after_moves(
-    nodes: Mapping[str, NodeUsage],
-    vms: Mapping[tuple[str, str], VMUsage],
-    moves: Iterable[tuple[tuple[str, str], str, str]],
-) -> Mapping[str, NodeUsage]:
-    """``nodes`` with each (VMI, source, target) move applied: the VM's measured usage taken off the source
-    and put on the target. A move the data already shows (the VM measured on the target), or of a VM or node
-    without data, changes nothing."""
-    out = None
-    for key, source, target in moves:
-        vm = vms.get(key)
-        if vm is None or vm.node != source or source not in nodes or target not in nodes:
-            continue
-        out = dict(nodes) if out is None else out
-        for name, sign in ((source, -1.0), (target, 1.0)):
-            d = shifted(out[name], vm, sign)
-            if d is not None:
-                out[name] = replace(out[name], cpu=d[0], memory=d[1], cpu_pressure=d[2], memory_pressure=d[3])
-    return nodes if out is None else out
 
 
 @dataclass(slots=True, frozen=True)
