@@ -61,8 +61,8 @@ bench-watch: $(STAMP)
 clean:
 	rm -rf $(VENV) certs .pytest_cache .hypothesis
 
-# The simulator's comparison of upstream / profile / node-limit-1 / guard modes on the built-in scenarios,
-# 5 seeds each, on 2 worker processes; writes sim-out/SCENARIO/{summary.json,*.png} and the section in docs/simulator.md.
+# The simulator's comparison of today's OpenShift settings (ocp, ocp-node1, ocp-actuation, on KubeVirt 1.8.3 and 1.9)
+# with the guard at its defaults on the built-in scenarios, 5 seeds each, on 2 worker processes; writes sim-out/SCENARIO/{summary.json,*.png} and the section in docs/simulator.md.
 SCENARIOS = $(addprefix examples/scenarios/,reference-stress.yaml pilot.yaml failing-migrations.yaml drains.yaml \
             mixed-sizes.yaml hourly.yaml fleet.yaml tight.yaml)
 SIM_STAMP = $(VENV)/.sim-installed-stamp

@@ -38,7 +38,7 @@ BACKUP = condition("migrationBlockedByBackup", "BackupInProgress", "Waiting for 
 # ---- the invariant on the simulator ------------------------------------------------------------
 
 SCENARIOS = ("failing-migrations", "fleet", "tight", "drains")
-GUARD_MODES = ("upstream+guard", "profile+guard", "upstream+guard-nocancel", "profile+guard-nocancel")
+GUARD_MODES = ("upstream+guard", "ocp+guard", "upstream+guard-nosteer", "profile+guard-nocancel")
 SEEDS = (1, 2, 3)
 HOURS = 3.0
 
@@ -48,6 +48,7 @@ def scenario_data():
     return {name: read_scenario(f"examples/scenarios/{name}.yaml") for name in SCENARIOS}
 
 
+@pytest.mark.timeout(600)  # a guard against a hang only: 12 short runs, with steering, on a busy machine
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_never_more_descheduler_caused_leavers_on_a_node_than_the_budget(scenario_data, name):
     """Every guard mode, every seed: at most one VM (the default budget) leaves a node that is not drained."""

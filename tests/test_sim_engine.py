@@ -144,7 +144,7 @@ def test_cli_runs_seeds_and_modes_writes_summary_json_plots_csv_and_the_readme(t
     # the modes, the files and the simplifications: once, in the output folder, not on the terminal
     assert "Only virt-launcher pods" not in out and f"wrote {out_dir / 'README.md'}" in out
     notes = (out_dir / "README.md").read_text()
-    assert "| `upstream+guard` | upstream descheduler" in notes and "the guard with its default settings" in notes
+    assert "| `upstream+guard` | upstream descheduler" in notes and "the guard at its default settings" in notes
     assert "- `summary.json`: every number" in notes and "- `migrations.csv`: every migration" in notes
     assert "## Simplifications of the model" in notes and "Only virt-launcher pods" in notes
     text = readme.read_text()

@@ -22,7 +22,9 @@ def mode(name, kv, guard=SETTINGS):
 
 
 def test_modes_are_baselines_with_optional_guard_variants():
-    assert MODES == ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard", "upstream+guard-nocancel")
+    assert {m.split("+")[0] for m in MODES} <= {"ocp", "ocp-node1", "ocp-actuation", "ocp-kv19", "ocp-node1-kv19",
+                                                "ocp-actuation-kv19", "ocp-actuation-counted"}
+    assert "ocp+guard" in MODES and "ocp-kv19+guard" in MODES
     assert parse_mode("off").baseline == parse_mode("upstream").baseline
     assert parse_mode("profile+guard").baseline.plugin and parse_mode("profile+guard").guard is not None
     assert parse_mode("node-limit-1").baseline.eviction_limit_node == 1

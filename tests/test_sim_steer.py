@@ -38,10 +38,12 @@ def hot_cluster():
     return kv
 
 
-def test_steer_is_a_guard_variant():
-    spec = parse_mode("profile+steer")
-    assert spec.baseline.plugin and spec.guard is not None and spec.guard.steering
-    assert not parse_mode("profile+guard").guard.steering
+def test_the_guard_at_its_defaults_steers_where_the_descheduler_reads_prometheus():
+    spec = parse_mode("profile+steer")  # the older name
+    assert spec.baseline.plugin and spec.guard is not None and spec.steering
+    assert all(parse_mode(f"{b}+guard").steering for b in ("ocp", "ocp-node1-kv19", "upstream", "node-limit-1"))
+    assert not parse_mode("ocp+guard-nosteer").steering and parse_mode("ocp+guard-nosteer").guard.cancel
+    assert not parse_mode("ocp").steering
 
 
 def test_the_guard_holds_the_sample_of_its_last_poll():

@@ -47,12 +47,24 @@ def test_pressure_counts_only_above_70_percent_use() -> None:
     assert shifted(node, VMUsage("n", 4.0, 0), -1)[2] == 0.0  # 68.75%: the rule drops it
 
 
-def test_target_is_the_coolest_node_not_excluded() -> None:
+def test_target_is_the_least_favourable_underutilised_node_not_excluded() -> None:
+    # scores 100, 30, 0 (mean 43): b and c are underutilised; the scheduler may place the VM on either
     nodes = {"hot": NodeUsage(0.9, 0.6, **CAP), "b": NodeUsage(0.5, 0.5, **CAP), "c": NodeUsage(0.1, 0.1, **CAP)}
     vms = [(("ns", "v"), VMUsage("hot", 4, GIB))]
-    assert rank(nodes, None, "hot", vms).target == "c"
-    assert rank(nodes, None, "hot", vms, excluded={"c"}).target == "b"
+    assert rank(nodes, None, "hot", vms).target == "b"
+    assert rank(nodes, None, "hot", vms, excluded={"b"}).target == "c"
     assert rank(nodes, None, "hot", vms, excluded={"b", "c"}) is None
+
+
+def test_the_gain_is_judged_where_the_move_may_land_not_on_the_emptiest_node() -> None:
+    # mean CPU 54%: scores hot 94, mid 19, warm 0, idle 0 (mean 28); moving 12 of hot's 64 cores helps hot
+    # (to 37.5), but mid, an underutilised node the scheduler may well pick, would rise to 75
+    nodes = {"hot": NodeUsage(0.85, 0.5, **CAP), "mid": NodeUsage(0.6, 0.5, **CAP),
+             "warm": NodeUsage(0.5, 0.5, **CAP), "idle": NodeUsage(0.2, 0.5, **CAP)}
+    r = rank(nodes, None, "hot", [(("ns", "v"), VMUsage("hot", 12, GIB))])
+    best = r.best
+    assert (r.target, round(r.target_score)) == ("mid", 19), r
+    assert (round(best.hot_after), round(best.target_after), round(best.gain)) == (38, 75, 19), best
 
 
 def test_a_move_that_makes_the_target_the_hottest_has_negative_gain() -> None:
@@ -165,3 +177,4 @@ def test_the_token_is_sent_and_read_again_every_round(tmp_path) -> None:
     finally:
         source.stop()
         server.shutdown()
+

@@ -87,15 +87,17 @@ class Ranking:
 
 
 def likely_target(nodes: Mapping[str, NodeUsage], averages, hot: str, excluded: frozenset[str] | set[str]) -> str | None:
-    """The node a migration would most likely land on: the lowest score (then lowest CPU use, then name)."""
-    best = None
-    for name, u in nodes.items():
-        if name == hot or name in excluded or not u.cpu_cores or not u.memory_bytes:
-            continue
-        key = (score(u.dims, averages), u.cpu, name)
-        if best is None or key < best:
-            best = key
-    return None if best is None else best[2]
+    """The node a migration is judged against: the highest-scoring node at or below the nodes' mean score
+    (the descheduler's underutilised nodes, where its soft-tainter lets the scheduler place the VM; which of
+    them the scheduler picks the guard cannot tell, so it assumes the least favourable), then lowest CPU use,
+    then name."""
+    scored = [(score(u.dims, averages), u.cpu, name) for name, u in nodes.items()
+              if name != hot and name not in excluded and u.cpu_cores and u.memory_bytes]
+    if not scored:
+        return None
+    mean = sum(score(u.dims, averages) for u in nodes.values()) / len(nodes)
+    under = [k for k in scored if k[0] <= mean + 1e-9] or [min(scored)]
+    return min(under, key=lambda k: (-k[0], k[1], k[2]))[2]
 
 
 def rank(

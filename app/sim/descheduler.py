@@ -140,6 +140,10 @@ class Descheduler:
         self.redirected = 0  # evictions that went to another pod after a refusal or a skip on that node
         self.cycles = 0
         self.active_cycles = 0
+        # descheduler_pods_evicted_total{result="success"} as it counts: each success's node, to ``on_success``
+        self.on_success: Callable[[int, str], None] | None = None
+        self.count_background = False  # what-if: a finished background eviction counts when its pod goes
+        self.clock: Callable[[], int] = lambda: 0  # the simulation's time, for events without one
         kubevirt.pod_listeners.append(self.pod_event)
         kubevirt.pod_delete_listeners.append(self.pod_deleted)
 
@@ -154,7 +158,11 @@ class Descheduler:
             self.cache.pop(pod.name, None)
 
     def pod_deleted(self, pod: Pod) -> None:
-        self.cache.pop(pod.name, None)
+        """The pod is gone. v0.36 counts an assumed entry's pod deleted from the cache as a success; a migrated
+        VM's source pod turns Succeeded first, which removes its entry uncounted (app/sim/recording.py)."""
+        entry = self.cache.pop(pod.name, None)
+        if entry is not None and entry.assumed and self.count_background and self.on_success is not None:
+            self.on_success(self.clock(), entry.node)
 
     def sweep(self, now: int) -> None:
         """Every 10 minutes: assumed entries older than 10 minutes lapse, annotation or not."""
@@ -235,6 +243,8 @@ class Descheduler:
                 self.cache[name] = Entry(node, now, assumed=True)
             elif answer.allowed:
                 self.answers["allowed"] += 1
+                if self.on_success is not None:
+                    self.on_success(now, node)
             else:
                 self.answers["error"] += 1
                 passed_over = True

@@ -23,10 +23,11 @@ from random import Random
 
 from app.cluster.store import ClusterStore
 from app.sim.descheduler import CycleResult, Descheduler, node_scores, pressure
-from app.sim.guards import AUTOSCALER, CANCEL_INTERVAL, KUBECTL, Mode, guard_settings_for, parse_mode
+from app.sim.guards import ACTUATION, AUTOSCALER, CANCEL_INTERVAL, KUBECTL, Mode, guard_settings_for, parse_mode
 from app.sim.kubevirt import KubeVirt, MigrationRun
 from app.sim.model import TAINT_AUTOSCALER, VM, Node
 from app.sim.prometheus import ModelledPrometheus
+from app.sim.recording import ActuationPriority
 from app.sim.scenario import Event, Scenario, guard_settings
 
 PRIO_SAMPLE, PRIO_EVENT, PRIO_KUBEVIRT, PRIO_DESCHEDULER = 0, 1, 2, 3
@@ -145,7 +146,8 @@ class Simulation:
         self.store = ClusterStore()
         placement = scenario.placement or initial_placement(self.nodes, self.vms, Random(f"{seed}:placement"))
         chance = f"{seed}" if draw == 0 else f"{seed}:draw{draw}"
-        self.kv = KubeVirt(scenario.kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{chance}:kubevirt"),
+        kubevirt = dataclasses.replace(scenario.kubevirt, **dict(spec.baseline.kubevirt))
+        self.kv = KubeVirt(kubevirt, self.nodes, self.vms, placement, self.store, Random(f"{chance}:kubevirt"),
                            self._kubevirt_schedule, Random(f"{chance}:heartbeat"),
                            Random(f"{chance}:evacuation-order"))
         if scenario.history_hook is not None:
@@ -154,16 +156,23 @@ class Simulation:
         if spec.guard is not None:
             guard = guard_settings(guard_settings_for(spec, scenario.guard_raw, guard_overrides or {}),
                                    f"mode {mode}")
-        prometheus = (ModelledPrometheus(seed, scenario.sample_interval)
-                      if spec.guard is not None and spec.guard.steering else None)
+        prometheus = ModelledPrometheus(seed, scenario.sample_interval) if spec.steering else None
         self.mode = Mode(spec, self.kv, scenario.plugin, guard, prometheus)
         if scenario.history_hook is not None:
             self.mode.descheduler_restarted(0)  # a descheduler that starts now: plugin history from kept VMIMs
         ds = scenario.descheduler
         if spec.baseline.eviction_limit_node is not None:
             ds = dataclasses.replace(ds, eviction_limit_node=spec.baseline.eviction_limit_node)
+        if spec.baseline.max_per_node is not None:
+            ds = dataclasses.replace(ds, max_per_node=spec.baseline.max_per_node)
         self.ds = ds
         self.desched = Descheduler(ds, self.kv, self.mode.admit, self.mode.pre_filter, Random(f"{chance}:descheduler"))
+        # the descheduler's query: the profile's score, or the operator's actuation priority
+        self.actuation = ActuationPriority() if spec.baseline.query == ACTUATION else None
+        if self.actuation is not None:
+            self.desched.on_success = self.actuation.success
+            self.desched.count_background = spec.baseline.count_background
+            self.desched.clock = lambda: self.now
         self._cycle_generation = 0
         self.data = RunData(
             mode=mode, duration=self.duration, vm_count=len(self.vms), sample_interval=scenario.sample_interval,
@@ -229,7 +238,8 @@ class Simulation:
         dims = node_load(self.kv, now, self.sc.kubevirt.migration_cpu_overhead)
         cpu_use = [d[0] for d in dims]
         scores = node_scores(dims)
-        self.desched.scores = dict(zip(self.data.node_names, scores))
+        read = scores if self.actuation is None else self.actuation.record(now, self.data.node_names, dims)
+        self.desched.scores = dict(zip(self.data.node_names, read))
         if self.mode.prometheus is not None:
             self.mode.prometheus.record(now, self.nodes, self.kv.vmis, dims, scores)
         self._record(now, cpu_use, scores)

@@ -1,24 +1,50 @@
 """The modes: one descheduler, different protection layers in front of KubeVirt.
 
-A mode is a *baseline* (how the descheduler is set up) optionally followed by
-``+VARIANT``, a guard variant in front of it:
+A mode is a *baseline* (how the descheduler and KubeVirt are set up) optionally
+followed by ``+VARIANT``, a guard variant in front of it.
+
+What users run today (OpenShift 4.22 with OpenShift Virtualization):
+
+- ``ocp``: the KubeVirtRelieveAndMigrate profile as the descheduler operator
+  writes it: the KubevirtMigrationAware plugin as filter and pre-eviction
+  filter, LowNodeUtilization's ``evictionLimits.node: 2`` and
+  ``maxNoOfPodsToEvictPerNode: 2`` (``maxNoOfPodsToEvictTotal: 5``), the query
+  ``...:k3:avg1m``; KubeVirt with ``parallelOutboundMigrationsPerNode: 1`` as
+  OpenShift Virtualization's operator sets it, v1.8.3 (MigrationPriorityQueue off);
+- ``ocp-node1``: ``ocp`` with the CR's ``evictionLimits.node: 1`` (the operator
+  writes it into both the plugin's ``evictionLimits.node`` and
+  ``maxNoOfPodsToEvictPerNode``);
+- ``ocp-actuation``: ``ocp`` with the query
+  ``descheduler:node:actuation_priority:p66_5m`` (app/sim/recording.py);
+- ``...-kv19``: the same on KubeVirt 1.9 (MigrationPriorityQueue GA);
+- ``ocp-actuation-counted``: a what-if, not a setting anyone can choose: the
+  actuation query as if the descheduler counted every finished background
+  eviction as a success (it does not, see app/sim/recording.py).
+
+Older baselines (kept: the e2e outcome run and the candidate table use them):
 
 - ``upstream``: upstream descheduler, background evictions on, limits 2/5, no
-  KubeVirt-aware plugin (``off`` is an alias);
-- ``profile``: ``upstream`` plus the KubevirtMigrationAware plugin as filter and
-  pre-eviction filter, i.e. OpenShift's KubeVirtRelieveAndMigrate as shipped;
-- ``node-limit-1``: ``upstream`` with ``evictionLimits.node: 1``;
-- ``BASELINE+guard``: this project's ``app.policy.decide``, unchanged, as a
-  mutating webhook (so it runs before KubeVirt's) deciding on a real
-  ``ClusterStore`` that KubeVirt's simulated objects are published into, with
-  its canceller, on by default where KubeVirt serves ``evacuate/cancel`` (v1.8+):
-  every ``CANCEL_INTERVAL`` it cancels each evacuation that
-  ``app.policy.decide.stuck_evacuation`` calls stuck (descheduler-caused, never
-  a drain's);
+  KubeVirt-aware plugin, KubeVirt's own defaults (``off`` is an alias);
+- ``profile``: ``upstream`` plus the KubevirtMigrationAware plugin;
+- ``node-limit-1``: ``upstream`` with LowNodeUtilization's ``evictionLimits.node: 1``
+  only (``maxNoOfPodsToEvictPerNode`` stays 2).
+
+Every baseline's descheduler classifies nodes by the profile's Prometheus score
+(the model has no other), so every baseline reads Prometheus.
+
+Guard variants:
+
+- ``BASELINE+guard``: the guard at its defaults: this project's
+  ``app.policy.decide``, unchanged, as a mutating webhook (so it runs before
+  KubeVirt's) deciding on a real ``ClusterStore`` that KubeVirt's simulated
+  objects are published into; its canceller on (KubeVirt serves
+  ``evacuate/cancel`` since v1.8); steering (rule 10) on, fed by a modelled
+  Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted), because
+  the guard finds the descheduler's Prometheus wherever the descheduler reads one;
+- ``BASELINE+guard-nosteer``: the guard without steering (no Prometheus found);
 - ``BASELINE+guard-nocancel``: the guard where the canceller cannot work
   (KubeVirt 1.7, or RBAC without the rule);
-- ``BASELINE+steer``: the same guard with steering (rule 10) on, fed by a
-  modelled Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted).
+- ``BASELINE+steer``: an older name of ``BASELINE+guard``.
 
 A new baseline or guard variant is one entry in ``BASELINES`` or
 ``GUARD_VARIANTS``. A variant's settings are the guard's defaults, then the
@@ -48,31 +74,62 @@ USERS = {
 }
 
 
+K3, ACTUATION = "k3", "actuation"  # the descheduler's query: ...:k3:avg1m, or actuation_priority:p66_5m
+
+
 @dataclass(frozen=True)
 class Baseline:
     description: str
     plugin: bool = False
     eviction_limit_node: int | None = None  # overrides the scenario's evictionLimits.node
+    max_per_node: int | None = None  # overrides the scenario's maxNoOfPodsToEvictPerNode
+    kubevirt: tuple[tuple[str, object], ...] = ()  # KubeVirtSettings fields set over the scenario's
+    query: str = K3
+    count_background: bool = False  # what-if: finished background evictions count as successes
+    reads_prometheus: bool = True  # the descheduler's query is Prometheus's (the guard finds it and steers)
 
 
 @dataclass(frozen=True)
 class GuardVariant:
     description: str
     settings: dict = field(default_factory=dict)  # setting names, applied last
-    steering: bool = False  # rule 10, fed by app.sim.prometheus.ModelledPrometheus
+    steering: bool | None = None  # rule 10 on a modelled Prometheus; None: where the descheduler reads one
     cancel: bool = True  # the canceller runs (the default where KubeVirt serves evacuate/cancel)
 
 
+OCP_KUBEVIRT = (("parallel_outbound_migrations_per_node", 1),)  # OpenShift Virtualization's operator
+KV19 = (("migration_priority_queue", True),)  # KubeVirt 1.9: MigrationPriorityQueue GA
+OCP = "OpenShift 4.22 KubeVirtRelieveAndMigrate (plugin, evictionLimits.node 2, per node 2, total 5), KubeVirt outbound 1"
 BASELINES = {
+    "ocp": Baseline(f"{OCP}, KubeVirt 1.8.3", plugin=True, eviction_limit_node=2, max_per_node=2,
+                    kubevirt=OCP_KUBEVIRT),
+    "ocp-node1": Baseline(f"{OCP}, CR evictionLimits.node: 1 (plugin and per node), KubeVirt 1.8.3", plugin=True,
+                          eviction_limit_node=1, max_per_node=1, kubevirt=OCP_KUBEVIRT),
+    "ocp-actuation": Baseline(f"{OCP}, query actuation_priority:p66_5m, KubeVirt 1.8.3", plugin=True,
+                              eviction_limit_node=2, max_per_node=2, kubevirt=OCP_KUBEVIRT, query=ACTUATION),
+    "ocp-kv19": Baseline(f"{OCP}, KubeVirt 1.9", plugin=True, eviction_limit_node=2, max_per_node=2,
+                         kubevirt=OCP_KUBEVIRT + KV19),
+    "ocp-node1-kv19": Baseline(f"{OCP}, CR evictionLimits.node: 1, KubeVirt 1.9", plugin=True, eviction_limit_node=1,
+                               max_per_node=1, kubevirt=OCP_KUBEVIRT + KV19),
+    "ocp-actuation-kv19": Baseline(f"{OCP}, query actuation_priority:p66_5m, KubeVirt 1.9", plugin=True,
+                                   eviction_limit_node=2, max_per_node=2, kubevirt=OCP_KUBEVIRT + KV19,
+                                   query=ACTUATION),
+    "ocp-actuation-counted": Baseline("what-if: ocp-actuation with every finished background eviction counted as "
+                                      "a success in descheduler_pods_evicted_total", plugin=True,
+                                      eviction_limit_node=2, max_per_node=2, kubevirt=OCP_KUBEVIRT, query=ACTUATION,
+                                      count_background=True),
     "upstream": Baseline("upstream descheduler, background evictions on, limits 2/5, no KubeVirt plugin"),
-    "profile": Baseline("upstream + KubevirtMigrationAware plugin (OpenShift KubeVirtRelieveAndMigrate)", plugin=True),
+    "profile": Baseline("upstream + KubevirtMigrationAware plugin (OpenShift KubeVirtRelieveAndMigrate before 4.22's "
+                        "KubeVirt outbound limit)", plugin=True),
     "node-limit-1": Baseline("upstream with evictionLimits.node: 1", eviction_limit_node=1),
 }
 GUARD_VARIANTS = {
-    "guard": GuardVariant("the guard with its default settings (canceller on) and the scenario's guard block"),
+    "guard": GuardVariant("the guard at its default settings: canceller on, steering on where the descheduler reads "
+                          "Prometheus, and the scenario's guard block"),
+    "guard-nosteer": GuardVariant("the guard without steering (no Prometheus found), canceller on", steering=False),
     "guard-nocancel": GuardVariant("the guard where its canceller cannot work (KubeVirt < 1.8, or no RBAC rule)",
                                    cancel=False),
-    "steer": GuardVariant("the guard plus steering (rule 10) on a modelled Prometheus", steering=True),
+    "steer": GuardVariant("the guard at its defaults with steering on (older name of +guard)", steering=True),
     # the node-cooldown variants: the default guard plus the settings named (bench/sim_candidates.sh measures them)
     "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubled per departure within 1h, cap 1h",
                                    {"nodeCooldown": "15m"}),
@@ -95,6 +152,13 @@ class ModeSpec:
     name: str
     baseline: Baseline
     guard: GuardVariant | None
+
+    @property
+    def steering(self) -> bool:
+        """Rule 10 on: the variant says so, or, at its default, the descheduler reads Prometheus."""
+        if self.guard is None:
+            return False
+        return self.baseline.reads_prometheus if self.guard.steering is None else self.guard.steering
 
 
 def parse_mode(name: str) -> ModeSpec:
@@ -216,7 +280,7 @@ class Mode:
         self.spec = spec
         self.kv = kubevirt
         self.plugin = PluginModel(kubevirt, plugin) if spec.baseline.plugin else None
-        self.prometheus = prometheus if spec.guard is not None and spec.guard.steering else None
+        self.prometheus = prometheus if spec.steering else None
         self.guard = (GuardWebhook(kubevirt, guard, self.prometheus)
                       if spec.guard is not None and guard is not None else None)
         self.canceller = (Canceller(kubevirt, guard)

@@ -7,7 +7,10 @@ import os
 
 from app.sim.report import BEGIN, END
 
-MODES = ("upstream", "profile", "node-limit-1", "upstream+guard", "profile+guard", "upstream+guard-nocancel")  # the default comparison
+# the default comparison: today's plain OpenShift settings on KubeVirt 1.8.3 and 1.9, and the guard at its defaults
+# in front of the shipped profile (and, on 1.8.3, without steering)
+MODES = ("ocp", "ocp-node1", "ocp-actuation", "ocp+guard", "ocp+guard-nosteer",
+         "ocp-kv19", "ocp-node1-kv19", "ocp-actuation-kv19", "ocp-kv19+guard")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
