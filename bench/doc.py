@@ -118,7 +118,10 @@ def watch_section(w: dict) -> str:
         + (f" Building the records of the VMIs, VMIMs and pods from the same pages took "
            f"{w['records_cpu_seconds']['orjson_records']:.1f} s of CPU with orjson and the dict projection, "
            f"{w['records_cpu_seconds']['msgspec_records']:.1f} s with msgspec Structs (what the watch uses)."
-           if "records_cpu_seconds" in w else ""),
+           if "records_cpu_seconds" in w else "")
+        + (f" During the first list the cyclic collector ran {w['list_collections'][2]} full collections "
+           f"({sum(w['list_collections']):,} in all generations, {w['list_collector_seconds']:.1f} s)."
+           if "list_collections" in w else ""),
         "",
         "Admission latency while every kind relists after a 410 (`policy.decide` called every 2 ms in a thread beside "
         "the relist; latency from when each call was due):",

@@ -427,12 +427,24 @@ def main() -> int:
     gc.collect()
     baseline = rss_mb()
     watch = ClusterWatch(client.ApiClient(cfg), metrics=Metrics())
+    collections = [0, 0, 0]
+    collector_s = [0.0]
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections[info["generation"]] += 1
+            collector_s[0] -= time.perf_counter()
+        else:
+            collector_s[0] += time.perf_counter()
+
+    gc.callbacks.append(count)
     began, cpu0 = time.monotonic(), time.process_time()
     watch.start()
     if not watch.wait_synced(300):
         raise SystemExit("not synced within 300 s")
     ready_s = time.monotonic() - began
     ready_cpu = time.process_time() - cpu0
+    gc.callbacks.remove(count)
     counts = watch.store.counts()
     rss_synced = rss_mb()
     gc.collect()
@@ -440,7 +452,8 @@ def main() -> int:
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     rss_after_gc = rss_mb()
     state_mb = rss_after_gc - baseline
-    print(f"ready in {ready_s:.1f} s, {ready_cpu:.1f} s of CPU on the guard's side ({counts})")
+    print(f"ready in {ready_s:.1f} s, {ready_cpu:.1f} s of CPU on the guard's side ({counts}); the cyclic "
+          f"collector ran {collections} times by generation, {collector_s[0]:.2f} s in all")
     print(f"RSS after sync: {rss_synced:.0f} MB (after gc {rss_after_gc:.0f} MB; baseline after imports "
           f"{baseline:.0f} MB; cluster state ~{state_mb:.0f} MB = {state_mb * 1024 * 1024 / sum(counts.values()):.0f} "
           f"bytes/object)")
@@ -495,6 +508,7 @@ def main() -> int:
     results = {
         "vmis": args.vmis, "pods": args.vmis, "vmims": args.vmims, "objects": counts,
         "json_bytes_per_object": info["json_bytes"], "ready_seconds": round(ready_s, 2), "ready_cpu_seconds": round(ready_cpu, 2),
+        "list_collections": collections, "list_collector_seconds": round(collector_s[0], 2),
         "rss_after_sync_mb": round(rss_synced), "rss_baseline_mb": round(baseline),
         "rss_after_gc_mb": round(rss_after_gc),
         "state_bytes_per_object": round(state_mb * 1024 * 1024 / sum(counts.values())),
