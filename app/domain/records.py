@@ -42,7 +42,7 @@ MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_IN_PROGRESS = "descheduler.alpha.kubernetes.io/eviction-in-progress"
 EVACUATION_MIGRATION = "kubevirt.io/evacuationMigration"
 # KubeVirt copies it from the VM to the VMI and the launcher pod; the descheduler reads its presence
-PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
+PREFER_NO_EVICTION = wire.PREFER_NO_EVICTION
 # the guard's own per-VM overrides, read from the VMI
 COOLDOWN_OVERRIDE = "kubevirt-eviction-guard.io/migration-cooldown"
 EXEMPT_OVERRIDE = "kubevirt-eviction-guard.io/exempt"
@@ -610,12 +610,18 @@ def migration_from_wire(obj: wire.VMIM) -> MigrationRecord:
         source_node=state.source_node if state else "",
         evacuation_node=_intern(a.evacuation) if a is not None else "",
         priority=_intern(spec.priority),
-        workload_update=(_intern(a.workload_update) or "true") if a is not None and a.workload_update is not UNSET else "",
+        workload_update=_workload_update_wire(a),
         target_node=state.target_node if state else "",
         decentralized=SEND_TO if send and not receive else RECEIVE if receive and not send else "",
         blocked=blocked,
         blocked_reason=blocked_reason,
     )
+
+
+def _workload_update_wire(a: wire.VMIMAnnotations | None) -> str:
+    if a is None or a.workload_update is UNSET:
+        return ""
+    return _intern(a.workload_update) or "true"
 
 
 def pod_from_wire(obj: wire.Pod) -> LauncherPod:

@@ -33,6 +33,8 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
+PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
+
 
 class _Wire(Struct, frozen=True, gc=False):
     """Decoded, read once to build a record, then dropped: immutable and invisible to the cyclic collector."""
@@ -63,7 +65,7 @@ class MigrationStateWire(_Wire):
 
 
 class VMIAnnotations(_Wire):
-    prefer_no_eviction: str | UnsetType = field(default=UNSET, name="descheduler.alpha.kubernetes.io/prefer-no-eviction")
+    prefer_no_eviction: str | UnsetType = field(default=UNSET, name=PREFER_NO_EVICTION)
     exempt: str | None = field(default=None, name="kubevirt-eviction-guard.io/exempt")
     cooldown: str | None = field(default=None, name="kubevirt-eviction-guard.io/migration-cooldown")
     history: str | None = field(default=None, name="kubevirt-eviction-guard.io/migration-history")
@@ -151,7 +153,7 @@ class PodAnnotations(_Wire):
     domain: str = field(default="", name="kubevirt.io/domain")
     eviction_in_progress: str | UnsetType = field(default=UNSET,
                                                   name="descheduler.alpha.kubernetes.io/eviction-in-progress")
-    prefer_no_eviction: str | UnsetType = field(default=UNSET, name="descheduler.alpha.kubernetes.io/prefer-no-eviction")
+    prefer_no_eviction: str | UnsetType = field(default=UNSET, name=PREFER_NO_EVICTION)
 
 
 class PodMeta(_Wire):
