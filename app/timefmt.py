@@ -70,6 +70,9 @@ _GO_RFC3339 = re.compile(
 )
 
 
+_fromisoformat = datetime.fromisoformat
+
+
 def parse_timestamp(value: object) -> float | None:
     """A timestamp as Go's ``time.Parse(time.RFC3339, ...)`` reads it -> epoch seconds.
 
@@ -77,6 +80,14 @@ def parse_timestamp(value: object) -> float | None:
     does the guard): zone-less, space-separated, compact and date-only forms included.
     Year 0, which Go reads and Python cannot represent, is refused too.
     """
+    if value.__class__ is str and len(value) == 20 and value[19] == "Z" and value[10] == "T" and value[4] == "-" \
+            and value[7] == "-" and value[13] == ":" and value[16] == ":":
+        # how Kubernetes writes every timestamp (metav1.Time): the C parser, about six times faster. In this
+        # shape it accepts exactly what the general path below accepts (tests/test_timefmt.py compares them).
+        try:
+            return _fromisoformat(value).timestamp()
+        except ValueError:
+            return None
     if not isinstance(value, str) or not value:
         return None
     m = _GO_RFC3339.fullmatch(value)

@@ -107,7 +107,12 @@ def test_the_doc_sections_are_written_from_the_result_files(result: dict, tmp_pa
              "ready_seconds": 1.25, "ready_cpu_seconds": 0.75, "rss_after_sync_mb": 123, "rss_baseline_mb": 50,
              "rss_after_gc_mb": 120, "state_bytes_per_object": 481, "burst_events_per_second": 23456,
              "live_events_per_second": 12345,
-             "targets_met": {"ready_lt_30s": True, "rss_lt_400mb": True, "events_ge_20000_per_s": True}}
+             "floor": {"list_seconds": 0.5, "orjson_decode_cpu_seconds": 0.25, "msgspec_names_cpu_seconds": 0.125,
+                       "rss_mb": 100, "rss_baseline_mb": 50, "burst_events_per_second": 46912},
+             "vs_floor": {"ready": 2.5, "rss": 1.23, "burst": 2.0},
+             "relist": [{"collector": "running", "relist_s": 1.5, "idle": {"p99_ms": 0.1, "max_ms": 0.5},
+                         "during": {"p50_ms": 0.2, "p99_ms": 7.5, "max_ms": 20.0}, "rss_mb": 130}],
+             "targets_met": {"ready_le_20s": True, "rss_le_350mb": True, "events_ge_30000_per_s": False}}
     watch_file = tmp_path / "watch.json"
     watch_file.write_bytes(orjson.dumps(watch))
     assert doc.main([str(bench_file), "--watch", str(watch_file), "--doc", str(page)]) == 0
@@ -115,8 +120,10 @@ def test_the_doc_sections_are_written_from_the_result_files(result: dict, tmp_pa
     assert "STALE-TEXT" not in text and text.startswith("# P\n\nbefore\n") and text.endswith("\nafter\n")
     for mix, m in result["mixes"].items():
         assert f"| {mix} |" in text and f"{m['summary']['ratios']['throughput']:.2f}" in text, (mix, text)
-    assert "| 1.2 s (0.8 s of CPU) | < 30 s (met) |" in text and "23,456 (live: 12,345)" in text
-    assert "about 481 bytes per object (7,004 objects)" in text
+    assert "| 1.2 s (0.8 s of CPU) | 0.5 s | 2.50x | <= 20 s (met) |" in text, text
+    assert "23,456 (live: 12,345) | 46,912 | 2.00x slower | >= 30,000 (missed) |" in text, text
+    assert "about 481 bytes per object (7,004 objects)" in text, text
+    assert "| collector running | 1.5 s | 0.10 ms / 0.5 ms | 0.20 ms | 7.5 ms | 20.0 ms | 130 MB |" in text, text
 
 
 def test_the_reliability_sections_are_written_from_the_figures(tmp_path: Path) -> None:

@@ -7,6 +7,12 @@ value a reader can reach is immutable (records are frozen, per-VMI migration
 lists and per-node sets are tuples/frozensets replaced whole on write), so a
 reader sees either the old or the new value, never a half-written one.
 
+The one index that changes on nearly every event, the VMIs that may be leaving
+each node, is kept as plain sets that only writers touch (under the lock), so an
+event costs O(1) however many VMIs leave a node at once. Readers get a frozen
+copy, made under the lock by the first reader after a change and kept until the
+next one: a burst of events pays for no copies nobody reads.
+
 Every query policy makes is O(1) or O(answer): pods, VMIs and nodes by key,
 migrations by (namespace, VMI name) and by uid, and for the node budget the
 VMIs that may be leaving a node, kept as a precomputed index.
@@ -18,6 +24,7 @@ cost ~50 MB, while there are only a few hundred namespaces.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -48,9 +55,11 @@ class ClusterStore:
         self._vmims: dict[str, dict[str, MigrationRecord]] = {}
         self._vmims_by_vmi: dict[str, dict[str, tuple[MigrationRecord, ...]]] = {}
         self._vmims_by_uid: dict[str, MigrationRecord] = {}
-        # node -> keys of VMIs that may be leaving it; vmi key -> that node
-        self._leaving: dict[str, frozenset[tuple[str, str]]] = {}
+        # node -> keys of VMIs that may be leaving it (writers only); vmi key -> that node
+        self._leaving: dict[str, set[tuple[str, str]]] = {}
         self._leaving_of: dict[tuple[str, str], str] = {}
+        # node -> frozen copy of _leaving[node] for readers, dropped whenever that set changes
+        self._leaving_shown: dict[str, frozenset[tuple[str, str]]] = {}
         # node -> Succeeded VMIMs that left / reached it, newest end first (at most MOVES_KEPT)
         self._moves_from: dict[str, tuple[MigrationRecord, ...]] = {}
         self._moves_to: dict[str, tuple[MigrationRecord, ...]] = {}
@@ -97,7 +106,11 @@ class ClusterStore:
         """VMIs that may be leaving ``node``: marked for evacuation from it, or with a
         migration in flight (per their own state or an unfinished VMIM) while on it.
         Policy decides which of them count."""
-        return [v for ns, name in self._leaving.get(node, _EMPTY) if (v := self.vmi(ns, name)) is not None]
+        keys = self._leaving_shown.get(node)
+        if keys is None:
+            with self._lock:
+                keys = self._leaving_shown[node] = frozenset(self._leaving.get(node, _EMPTY))
+        return [v for ns, name in keys if (v := self.vmi(ns, name)) is not None]
 
     def moves_from(self, node: str) -> tuple[MigrationRecord, ...]:
         """Succeeded VMIMs whose source was ``node``, newest end first (the newest MOVES_KEPT)."""
@@ -291,9 +304,14 @@ class ClusterStore:
     def _index_move(self, m: MigrationRecord) -> None:
         if not m.moved:
             return
+        order = _move_order(m)
         for index, node in ((self._moves_from, m.source_node), (self._moves_to, m.target_node)):
             if node:
-                index[node] = _newest_first((*index.get(node, _EMPTY), m))
+                kept = index.get(node, _EMPTY)
+                # kept is already newest first: insert in place instead of sorting again
+                at = bisect.bisect(kept, order, key=_move_order)
+                if at < MOVES_KEPT:
+                    index[node] = (*kept[:at], m, *kept[at:MOVES_KEPT - 1])
 
     def _unindex_move(self, old: MigrationRecord) -> None:
         for index, node in ((self._moves_from, old.source_node), (self._moves_to, old.target_node)):
@@ -327,14 +345,16 @@ class ClusterStore:
         if new == old:
             return
         if old:
-            rest = self._leaving.get(old, frozenset()) - {key}
-            if rest:
-                self._leaving[old] = rest
-            else:
-                self._leaving.pop(old, None)
+            rest = self._leaving.get(old)
+            if rest is not None:
+                rest.discard(key)
+                if not rest:
+                    del self._leaving[old]
+            self._leaving_shown.pop(old, None)
             del self._leaving_of[key]
         if new:
-            self._leaving[new] = self._leaving.get(new, frozenset()) | {key}
+            self._leaving.setdefault(new, set()).add(key)
+            self._leaving_shown.pop(new, None)
             self._leaving_of[key] = new
 
     def _rebuild_leaving(self) -> None:
@@ -347,16 +367,21 @@ class ClusterStore:
                 if node:
                     leaving.setdefault(node, set()).add(key)
                     leaving_of[key] = node
-        self._leaving = {n: frozenset(s) for n, s in leaving.items()}
+        self._leaving = leaving
         self._leaving_of = leaving_of
+        self._leaving_shown = {}
 
 
 _KIND_OF = {LauncherPod: POD, VMIRecord: VMI, MigrationRecord: VMIM, NodeRecord: NODE, KubeVirtRecord: KUBEVIRT,
             DeschedulerRecord: DESCHEDULER}
 
 
+def _move_order(m: MigrationRecord) -> tuple[float, str, str]:
+    return (-(m.end or 0.0), m.namespace, m.name)
+
+
 def _newest_first(moves: Iterable[MigrationRecord]) -> tuple[MigrationRecord, ...]:
-    return tuple(sorted(moves, key=lambda m: (-(m.end or 0.0), m.namespace, m.name))[:MOVES_KEPT])
+    return tuple(sorted(moves, key=_move_order)[:MOVES_KEPT])
 
 
 def _moves_index(records: Iterable[MigrationRecord]) -> tuple[dict, dict]:

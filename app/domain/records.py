@@ -9,14 +9,29 @@ are interned so that 100,000 records share one copy of each.
 The ``*_from_object`` functions take the decoded JSON of one object and raise
 ``RecordError`` when it lacks what identifies it (a name); anything else that
 is missing or malformed becomes ``None``/empty, and policy fails open on it.
+The ``*_from_wire`` functions build the same records from the typed views in
+``wire.py`` (the watch's fast path); the two must agree on every object both
+can read, which tests/test_wire_records.py checks.
+
+Records are msgspec Structs (frozen, ``gc=False``) rather than frozen
+dataclasses: a frozen dataclass sets each field through
+``object.__setattr__``, which made building a VMIM record cost more than
+decoding it, and half a million long-lived records tracked by the cyclic
+collector make every full collection walk all of them. A record holds strings,
+numbers and tuples of other records, never anything that refers back to it, so
+it cannot be part of a cycle.
 """
 
 from __future__ import annotations
 
+import re
 import sys
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
+from app.domain import wire
 from app.domain.history import HISTORY_ANNOTATION, HistoryEntry, parse_history
 from app.timefmt import parse_duration, parse_timestamp
 
@@ -27,7 +42,7 @@ MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 EVICTION_IN_PROGRESS = "descheduler.alpha.kubernetes.io/eviction-in-progress"
 EVACUATION_MIGRATION = "kubevirt.io/evacuationMigration"
 # KubeVirt copies it from the VM to the VMI and the launcher pod; the descheduler reads its presence
-PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
+PREFER_NO_EVICTION = wire.PREFER_NO_EVICTION
 # the guard's own per-VM overrides, read from the VMI
 COOLDOWN_OVERRIDE = "kubevirt-eviction-guard.io/migration-cooldown"
 EXEMPT_OVERRIDE = "kubevirt-eviction-guard.io/exempt"
@@ -99,8 +114,7 @@ def _meta(obj: Any) -> tuple[dict, str, str]:
     return meta, _s(meta.get("namespace")), name
 
 
-@dataclass(slots=True, frozen=True)
-class MigrationState:
+class MigrationState(msgspec.Struct, frozen=True, gc=False):
     """``status.migrationState`` of a VMI or VMIM: the latest attempt only."""
 
     started: bool  # startTimestamp present (even if unparsable)
@@ -121,6 +135,7 @@ class MigrationState:
 
 
 def migration_state_from(raw: Any) -> MigrationState | None:
+    """None when absent or empty ({}): an empty state says nothing about a migration."""
     if not isinstance(raw, dict) or not raw:
         return None
     start_raw = raw.get("startTimestamp")
@@ -138,8 +153,7 @@ def migration_state_from(raw: Any) -> MigrationState | None:
     )
 
 
-@dataclass(slots=True, frozen=True)
-class VMOverrides:
+class VMOverrides(msgspec.Struct, frozen=True, gc=False):
     """The guard's per-VM annotations on a VMI, parsed. A value that does not parse is
     kept (``*_ignored``) to be shown, and has no effect: a malformed override never
     makes the guard deny."""
@@ -151,8 +165,10 @@ class VMOverrides:
 
 
 def overrides_from(annotations: dict) -> VMOverrides | None:
-    exempt_raw = annotations.get(EXEMPT_OVERRIDE)
-    cooldown_raw = annotations.get(COOLDOWN_OVERRIDE)
+    return _overrides(annotations.get(EXEMPT_OVERRIDE), annotations.get(COOLDOWN_OVERRIDE))
+
+
+def _overrides(exempt_raw: Any, cooldown_raw: Any) -> VMOverrides | None:
     if exempt_raw is None and cooldown_raw is None:
         return None
     exempt_word = exempt_raw.strip().lower() if isinstance(exempt_raw, str) else None
@@ -177,8 +193,7 @@ def _shown(raw: Any) -> str:
     return _own(raw[:64]) or '""'
 
 
-@dataclass(slots=True, frozen=True)
-class VMIRecord:
+class VMIRecord(msgspec.Struct, frozen=True, gc=False):
     namespace: str
     name: str
     uid: str
@@ -219,8 +234,11 @@ def _condition(conditions: Any, kind: str) -> dict | None:
 
 
 def _reason_text(c: dict) -> str:
+    return _short_reason(c.get("reason"), c.get("message"))
+
+
+def _short_reason(reason: Any, message: Any) -> str:
     """A condition's reason and message, short: "Reason: message"."""
-    reason, message = c.get("reason"), c.get("message")
     parts = [x for x in (reason, message) if isinstance(x, str) and x]
     text = ": ".join(parts)
     return _s(text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "...")
@@ -249,8 +267,7 @@ def vmi_from_object(obj: Any) -> VMIRecord:
     )
 
 
-@dataclass(slots=True, frozen=True)
-class MigrationRecord:
+class MigrationRecord(msgspec.Struct, frozen=True, gc=False):
     """A VirtualMachineInstanceMigration (VMIM): one attempt to move a VMI."""
 
     namespace: str
@@ -306,8 +323,9 @@ def migration_from_object(obj: Any) -> MigrationRecord:
             for t in transitions:
                 if isinstance(t, dict) and t.get("phase") == phase:
                     end = parse_timestamp(t.get("phaseTransitionTimestamp"))
-    blocking = next((c for k in BLOCKING_CONDITIONS if (c := _condition(status.get("conditions"), k)) is not None
-                     and c.get("status") == "True"), None)
+    conditions = status.get("conditions")
+    blocking = next((c for k in BLOCKING_CONDITIONS if (c := _condition(conditions, k)) is not None
+                     and c.get("status") == "True"), None) if conditions else None
     return MigrationRecord(
         namespace=ns,
         name=_u(name),
@@ -342,8 +360,7 @@ def _workload_update(annotations: dict) -> str:
     return _s(annotations[WORKLOAD_UPDATE_MIGRATION]) or "true"
 
 
-@dataclass(slots=True, frozen=True)
-class LauncherPod:
+class LauncherPod(msgspec.Struct, frozen=True, gc=False):
     """A pod as far as the guard cares: is it a VM's launcher, where, for which VMI."""
 
     namespace: str
@@ -421,8 +438,7 @@ def _condition_true(conditions: Any, kind: str) -> bool:
     return c is not None and c.get("status") == "True"
 
 
-@dataclass(slots=True, frozen=True)
-class NodeRecord:
+class NodeRecord(msgspec.Struct, frozen=True, gc=False):
     name: str
     drain: str = ""  # why the node counts as being drained ("" when it does not): see drain_signal
 
@@ -460,8 +476,7 @@ def drain_signal(spec: dict) -> str:
     return ""
 
 
-@dataclass(slots=True, frozen=True)
-class KubeVirtRecord:
+class KubeVirtRecord(msgspec.Struct, frozen=True, gc=False):
     """The KubeVirt CR (kubevirt.io/v1 KubeVirt): the cluster-wide settings the guard reads.
     ``None`` fields are unset in the CR: KubeVirt's defaults apply (the ``effective_*`` properties)."""
 
@@ -503,3 +518,140 @@ def kubevirt_from_object(obj: Any) -> KubeVirtRecord:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+# ---- the same records from the typed views of wire.py (the watch's fast path) ---------------------------------
+# Decoded strings are fresh objects of their own (nothing of the document stays behind them), so they are kept
+# as they are; only the ones that repeat across objects are interned.
+
+_EMPTY_OBJECT = re.compile(rb"\{[ \t\n\r]*\}")
+_state_decoder = msgspec.json.Decoder(wire.MigrationStateWire)
+
+
+def _state_from_wire(raw: msgspec.Raw) -> MigrationState | None:
+    if not raw or raw == b"null" or _EMPTY_OBJECT.fullmatch(raw):
+        return None
+    m = _state_decoder.decode(raw)
+    start, end = m.startTimestamp, m.endTimestamp
+    return MigrationState(
+        started=bool(start),
+        start=parse_timestamp(start) if start else None,
+        ended=bool(end),
+        end=parse_timestamp(end) if end else None,
+        uid=m.migrationUid,
+        source_node=_intern(m.sourceNode),
+        target_node=_intern(m.targetNode),
+        failed=m.failed,
+        source_vmi_uid=m.sourceState.virtualMachineInstanceUID if m.sourceState is not None else "",
+    )
+
+
+def _wire_condition(conditions: tuple[wire.Condition, ...], kind: str) -> wire.Condition | None:
+    for c in conditions:
+        if c.type == kind:
+            return c
+    return None
+
+
+def vmi_from_wire(obj: wire.VMI) -> VMIRecord:
+    """``vmi_from_object`` for a VMI decoded as ``wire.VMI``."""
+    meta, status = obj.metadata, obj.status
+    if not meta.name:
+        raise RecordError("object has no metadata.name")
+    a = meta.annotations
+    migratable = _wire_condition(status.conditions, LIVE_MIGRATABLE) if status.conditions else None
+    created = meta.creationTimestamp
+    return VMIRecord(
+        namespace=_intern(meta.namespace),
+        name=_intern(meta.name),
+        uid=meta.uid,
+        created=parse_timestamp(created) if created else None,
+        node=_intern(status.nodeName),
+        evacuation_node=_intern(status.evacuationNodeName),
+        migration=_state_from_wire(status.migrationState),
+        prefer_no_eviction=a is not None and a.prefer_no_eviction is not UNSET,
+        overrides=_overrides(a.exempt, a.cooldown) if a is not None else None,
+        history=parse_history(a.history) if a is not None and a.history else (),
+        eviction_source=_intern(a.eviction_source) if a is not None else "",
+        eviction_strategy=_intern(obj.spec.evictionStrategy),
+        migratable=_intern(migratable.status) if migratable else "",
+        migratable_reason=_short_reason(migratable.reason, migratable.message) if migratable else "",
+    )
+
+
+def migration_from_wire(obj: wire.VMIM) -> MigrationRecord:
+    """``migration_from_object`` for a VMIM decoded as ``wire.VMIM``."""
+    meta, spec, status = obj.metadata, obj.spec, obj.status
+    if not meta.name:
+        raise RecordError("object has no metadata.name")
+    phase = _intern(status.phase)
+    state = _state_from_wire(status.migrationState)
+    end = state.end if state else None
+    if end is None and phase in FINAL_PHASES:
+        for t in status.phaseTransitionTimestamps:
+            if t.phase == phase:
+                end = parse_timestamp(t.phaseTransitionTimestamp)
+    blocked, blocked_reason = "", ""
+    if status.conditions:
+        for kind in BLOCKING_CONDITIONS:
+            c = _wire_condition(status.conditions, kind)
+            if c is not None and c.status == "True":
+                blocked, blocked_reason = _intern(c.type), _short_reason(c.reason, c.message)
+                break
+    a = meta.annotations
+    send, receive = spec.sendTo is not None, spec.receive is not None
+    created = meta.creationTimestamp
+    return MigrationRecord(
+        namespace=_intern(meta.namespace),
+        name=meta.name,
+        uid=meta.uid,
+        vmi_name=_intern(spec.vmiName),
+        phase=phase,
+        created=parse_timestamp(created) if created else None,
+        start=state.start if state else None,
+        end=end,
+        source_node=state.source_node if state else "",
+        evacuation_node=_intern(a.evacuation) if a is not None else "",
+        priority=_intern(spec.priority),
+        workload_update=_workload_update_wire(a),
+        target_node=state.target_node if state else "",
+        decentralized=SEND_TO if send and not receive else RECEIVE if receive and not send else "",
+        blocked=blocked,
+        blocked_reason=blocked_reason,
+    )
+
+
+def _workload_update_wire(a: wire.VMIMAnnotations | None) -> str:
+    if a is None or a.workload_update is UNSET:
+        return ""
+    return _intern(a.workload_update) or "true"
+
+
+def pod_from_wire(obj: wire.Pod) -> LauncherPod:
+    """``pod_from_object`` for a pod decoded as ``wire.Pod``."""
+    meta, spec = obj.metadata, obj.spec
+    if not meta.name:
+        raise RecordError("object has no metadata.name")
+    labels, a = meta.labels, meta.annotations
+    ready = _wire_condition(obj.status.conditions, "Ready") if obj.status.conditions else None
+    selector = spec.nodeSelector
+    if selector is not None and selector.hostname:
+        pinned = _intern(selector.hostname)
+    else:
+        pinned = pinned_node({"affinity": spec.affinity}) if spec.affinity is not None else ""
+    return LauncherPod(
+        namespace=_intern(meta.namespace),
+        name=meta.name,
+        uid=meta.uid,
+        node=_intern(spec.nodeName),
+        phase=_intern(obj.status.phase),
+        is_launcher=labels is not None and labels.launcher == LAUNCHER_VALUE,
+        vmi_name=_intern(a.domain) if a is not None else "",
+        migration_job_uid=labels.migration_job_uid if labels is not None else "",
+        eviction_in_progress=a is not None and a.eviction_in_progress is not UNSET,
+        prefer_no_eviction=a is not None and a.prefer_no_eviction is not UNSET,
+        has_annotations=a is not None,
+        resource_version=meta.resourceVersion,
+        ready=ready is not None and ready.status == "True",
+        pinned_to=pinned,
+    )
