@@ -8,7 +8,7 @@ PORT   ?= 8443
 DEMO_NOW = 2026-11-21T12:00:00Z
 
 .PHONY: run test setup certs clean fuzz simulate constraints dashboard bench bench-doc bench-servers bench-watch reliability docs e2e e2e-bin \
-	e2e-outcome e2e-oldest figures figures-check
+	e2e-outcome e2e-outcome-table e2e-oldest figures figures-check
 
 setup: $(STAMP)
 
@@ -167,24 +167,32 @@ e2e-oldest: $(STAMP) e2e-bin
 	  E2E_KUBERNETES=$$(awk '$$1 == "k8s.io/kubernetes" {print $$2}' e2e/oldest/go.mod) \
 	  $(PY) -m pytest -m e2e tests/e2e $(addprefix --ignore=,$(E2E_OLDEST_SKIP)) $(E2E_ARGS)
 
-# The outcome run (about 16 minutes): the real descheduler without the guard, with it, and with evictionLimits.node
-# 1, 12 minutes of real time each (side by side, each on its own control plane with real virt-api and
-# virt-controller), the actor as scheduler, kubelet and virt-handler with the scenario's physics, Prometheus and the
-# load model (tests/e2e/outcome), and the simulator on the same scenario; writes build/e2e/outcome.json and the side-by-side
-# table in docs/simulator.md. Needs unshare (the descheduler runs in its own mount namespace) and Debian's
-# prometheus. `make e2e` runs a 90 s form of it.
+# The outcome run (about 18 minutes per seed): the real descheduler alone, with the guard steering (reading the run's
+# Prometheus), with the guard without Prometheus, and with evictionLimits.node 1, 12 minutes of real time each (side
+# by side, each on its own control plane with real virt-api and virt-controller), the actor as scheduler, kubelet and
+# virt-handler with the scenario's physics, Prometheus and the load model (tests/e2e/outcome), and the simulator on
+# the same scenario; SEEDS (e.g. 1-3, or 2): each seed another roll of the scenario's dice, one after the other.
+# Writes build/e2e/outcome-seed<N>.json per seed, build/e2e/outcome.json and the side-by-side table in
+# docs/simulator.md (the real rolls' mean and range beside the model's). Seeds run apart (SEEDS=1, then SEEDS=2, ...)
+# are put together with `make e2e-outcome-table SEEDS=1-3`. Needs unshare (the descheduler runs in its own mount
+# namespace) and Debian's prometheus. `make e2e` runs a 90 s form of it.
 # DESCHEDULER=path POLICY=file [MODEL=mode] [STRUCTURE_ONLY=1]: also run that descheduler build with that policy as
 # the extra mode "custom" (beside the built-in ones; compared with the simulator's MODEL, default upstream; the
 # policy is refused unless the pinned descheduler's types read every key of it; STRUCTURE_ONLY=1 when it names
 # plugins only that build has). Its table then goes to build/e2e/outcome.json only, not into the docs.
+SEEDS ?= 1-3
 DESCHEDULER ?=
 POLICY ?=
 MODEL ?= upstream
-OUTCOME_EXTRA = $(if $(DESCHEDULER),--descheduler $(DESCHEDULER) --policy $(POLICY) --model $(MODEL) \
+OUTCOME_EXTRA = --seeds $(SEEDS) $(if $(DESCHEDULER),--descheduler $(DESCHEDULER) --policy $(POLICY) --model $(MODEL) \
                 $(if $(STRUCTURE_ONLY),--structure-only),--docs docs/simulator.md)
 e2e-outcome: $(STAMP) e2e-bin
 	$(PY) -m tests.e2e.outcome $(OUTCOME_EXTRA)
 	$(if $(DESCHEDULER),,$(PY) -m tools.figures stamp e2e-outcome)
+
+e2e-outcome-table: $(STAMP)
+	$(PY) -m tests.e2e.outcome --seeds $(SEEDS) --table-only --docs docs/simulator.md
+	$(PY) -m tools.figures stamp e2e-outcome
 
 # Every generated figure in the docs, regenerated on this machine (hours: the simulator's candidate comparison alone
 # takes about 15 minutes, the outcome run 16); each step stamps its section with the commit, the date, the machine

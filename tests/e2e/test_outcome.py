@@ -1,12 +1,13 @@
 """The real descheduler evicting through the guard into real KubeVirt, and the outcome run in short
 (``make e2e-outcome``: the full one).
 
-Both modes of the outcome run (``tests/e2e/outcome``), side by side, each on its own control plane with real
+Two modes of the outcome run (``tests/e2e/outcome``), side by side, each on its own control plane with real
 virt-api and virt-controller (KubeVirt v1.8.3, the KubeVirt CR's migration settings from the scenario), for 90 s
 each: the real descheduler v0.36 (KubeVirt profile settings, Prometheus score, EvictionsInBackground, its chart's
 RBAC and token) without and with the guard (chart installed by Helm, guard and its canceller running with the
-chart's ServiceAccount token). The actor plays only the scheduler's binding, kubelet and virt-handler, with the
-scenario's physics (``tests/e2e/actor``). The figures go to ``build/e2e/outcome.json`` (form "short"), which the
+chart's ServiceAccount token, steering with the run's Prometheus: the VMs' CPU and memory as virt-handler and
+KubeVirt's rules serve them, the nodes' capacity as kube-state-metrics does). The actor plays only the scheduler's
+binding, kubelet and virt-handler, with the scenario's physics (``tests/e2e/actor``). The figures go to ``build/e2e/outcome.json`` (form "short"), which the
 summary carries. Beside them, on a third control plane, the descheduler's limits with a VM in flight
 (``outcome/limits.yaml``), against the simulator's model of them. Self-contained: it starts and stops its own control
 planes, so it can run beside any other group.
@@ -44,7 +45,7 @@ def short_outcome(runs) -> dict:
     return runs[0]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.check("descheduler evicts through the guard")
 def test_descheduler_evicts_through_the_guard(short_outcome, detail):
     real = short_outcome["modes"]
@@ -52,8 +53,10 @@ def test_descheduler_evicts_through_the_guard(short_outcome, detail):
     # the descheduler did evict, in both modes (else nothing below would mean anything)
     assert plain["evictions_requested"] > 0 and guarded["evictions_requested"] > 0, real
     # every eviction of the guarded run went through the guard (the API server called it for each one)
-    decisions = {k: v for k, v in short_outcome["guard_decisions"]["descheduler+guard"].items()
-                 if not k.startswith("effect ")}
+    reasons = short_outcome["guard_decisions"]["descheduler+guard"]
+    decisions = {k: v for k, v in reasons.items() if not k.startswith(("effect ", "prometheus "))}
+    # the guard read the run's Prometheus (steering had data; without it the guard fails open)
+    assert reasons.get("prometheus queries:ok", 0) > 0, reasons
     assert sum(decisions.values()) >= guarded["evictions_requested"], (decisions, guarded)
     assert any(k.startswith("denied:") for k in decisions), decisions
     # ... and the descheduler counted the answers as kubevirt-facts.md says: the background text as "background",
@@ -72,10 +75,12 @@ def test_descheduler_evicts_through_the_guard(short_outcome, detail):
                         f"({plain['evictions_background']} background); "
                         f"with the guard {guarded['evictions_requested']} "
                         f"({guarded['evictions_background']} background, {guarded['evictions_refused']} refused: "
-                        f"{decisions}); the descheduler's counters equal the audit log's")
+                        f"{decisions}; Prometheus query rounds {reasons.get('prometheus queries:ok', 0):g} ok, "
+                        f"{reasons.get('prometheus queries:error', 0):g} failed); the descheduler's counters equal "
+                        "the audit log's")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.check("outcome run (short)")
 def test_outcome_with_the_guard_keeps_the_promises(short_outcome, detail):
     guarded = short_outcome["modes"]["descheduler+guard"]
@@ -87,7 +92,7 @@ def test_outcome_with_the_guard_keeps_the_promises(short_outcome, detail):
     detail["detail"] = json.dumps({"real": short_outcome["modes"], "model": short_outcome["model"]})
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.check("descheduler limits as the simulator models them")
 def test_a_node_with_one_vm_in_flight_is_limited_as_the_simulator_limits_it(runs, detail):
     limits = runs[1]

@@ -6,7 +6,11 @@ plane: ``tests/e2e/kubevirt.py``). Creates the scenario's nodes (as kubelet regi
 create them (a VMI each, with the VM's vCPUs and memory; virt-controller makes the launcher pods, the actor's
 scheduler binds each to the node the simulator's initial placement gives it), waits until every VMI runs, then
 plays kubelet, the scheduler's binding and virt-handler with the scenario's hardware (``node.Nodes`` with
-``physics.Hardware``) and serves the load to Prometheus (``load.py``) for ``--duration`` seconds of real time.
+``physics.Hardware``) and serves the load to Prometheus (``load.py``: the load model's node figures, and what
+virt-handler and kube-state-metrics would serve about the same VMs and nodes) for ``--duration`` seconds of real
+time. Before the run, ``--warmup`` seconds at the first sample's load (exporter ready: ``DIR/actor-exporter.json``),
+so that Prometheus holds the VMs' counters over a ``rate()`` window when the run starts, as a cluster whose VMs
+have been running does. ``--seed`` replaces the scenario's seed (placement, load, copy times and failures: another roll of its dice).
 Writes ``DIR/actor-ready.json`` (ports, start time) once the VMs run, and ``DIR/actor-result.json`` at the end
 (every migration KubeVirt made, the most VMs leaving one node at once, the load samples). SIGTERM ends the run
 early, with the result.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import logging
 import signal
@@ -32,7 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from app.sim.engine import initial_placement, node_load
 from app.sim.scenario import ScenarioError, load_scenario
-from tests.e2e.actor.load import Exporter
+from tests.e2e.actor.load import GIB, ClusterExporters, Exporter
 from tests.e2e.actor.node import Nodes
 from tests.e2e.actor.physics import Hardware
 from tests.e2e.actor.record import Recorder
@@ -111,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", required=True, type=Path, help="where actor-ready.json and actor-result.json go")
     p.add_argument("--duration", required=True, type=float, help="seconds of real time to run")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between the actor's passes")
+    p.add_argument("--seed", type=int, help="the scenario's seed replaced by this one")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="seconds the exporters serve the first sample before the run starts (a rate() over the VMs' "
+                        "CPU counters needs their history)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.duration <= 0:
@@ -120,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as e:
         print(f"actor: {e}", file=sys.stderr)
         return 2
+    if args.seed is not None:
+        sc = dataclasses.replace(sc, seed=args.seed)
     nodes, vms = copy.deepcopy(sc.nodes), copy.deepcopy(sc.vms)
     placement = initial_placement(nodes, vms, Random(f"{sc.seed}:placement"))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -132,14 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:
         create_cluster(api, nodes, vms, placement, actor, timeout=240)
-        exporter = Exporter([n.name for n in nodes])
+
+        def where() -> dict[tuple[str, str], str]:
+            with actor.lock:
+                return dict(actor.vmi_nodes)
+
+        cluster = ClusterExporters(NAMESPACE, {n.name: (float(n.cpu), n.memory * GIB) for n in nodes}, where)
+        exporter = Exporter([n.name for n in nodes], cluster)
         exporter_port = exporter.serve()
         load_rng = Random(f"{sc.seed}:load")
         overhead = sc.kubevirt.migration_cpu_overhead
         by_name = {n.name: n for n in nodes}
         scores_log: list[tuple[int, list[int]]] = []
-        mono0, wall0 = time.monotonic(), time.time()
-        recorder = Recorder(api, NAMESPACE, wall0).start()
 
         def sample(now: int) -> None:
             """The load model's sample (same stream, same order as the simulator's engine) on where the VMs are
@@ -157,17 +172,31 @@ def main(argv: list[str] | None = None) -> int:
                 running=[SimpleNamespace(source=by_name[c.source], target=by_name[c.target], copy_start=c.start,
                                          vmi=SimpleNamespace(vm=c.vm))
                          for c in copies if c.source in by_name and c.target in by_name])
-            scores_log.append((now, exporter.update(now, node_load(view, now, overhead))))
+            # each VM's own use (virt-handler's figures): the load model's, without a copy's extra load
+            use = {vm.name: (vm.vcpus * vm.cpu_load.value(now), vm.memory * GIB,
+                             vm.memory * GIB * vm.memory_load.value(now)) for vm in vms}
+            scores_log.append((now, exporter.update(now, node_load(view, now, overhead), use)))
 
+        # the first sample, served through the warm-up: the VMs as they have been running before the run
+        sample(0)
+        (args.workdir / "actor-exporter.json").write_text(json.dumps({"exporter_port": exporter_port}))
+        if args.warmup > 0:
+            log.info("warm-up: %.0f s at the first sample's load", args.warmup)
+            stopped.wait(args.warmup)
+        mono0, wall0 = time.monotonic(), time.time()
+        recorder = Recorder(api, NAMESPACE, wall0).start()
         (args.workdir / "actor-ready.json").write_text(json.dumps({
             "wall0": wall0, "exporter_port": exporter_port, "nodes": [n.name for n in nodes], "vms": len(vms)}))
         log.info("running %s for %.0f s: %d nodes, %d VMs", sc.name, args.duration, len(nodes), len(vms))
         at = 0
-        while at < args.duration and not stopped.is_set():
-            sample(at)
+        while not stopped.is_set():
             at += sc.sample_interval
-            stopped.wait(max(0.0, mono0 + at - time.monotonic()) if at < args.duration else
-                         max(0.0, mono0 + args.duration - time.monotonic()))
+            if at >= args.duration:
+                stopped.wait(max(0.0, mono0 + args.duration - time.monotonic()))
+                break
+            if stopped.wait(max(0.0, mono0 + at - time.monotonic())):
+                break
+            sample(at)
         recorder.stop()
         result = {"scenario": sc.name, "duration_s": time.monotonic() - mono0, "wall0": wall0,
                   "runs": recorder.runs(), "max_leaving_per_node": recorder.max_leaving_per_node,

@@ -7,6 +7,11 @@ actor's gauges, which are the load model's samples (they stand for the 1-minute 
 descheduler queries the score by its name; its contract: a vector, one sample per node labelled ``instance`` = the
 node's name (hence ``honor_labels``: Prometheus would otherwise rename the exporter's ``instance`` to
 ``exported_instance``), values in [0, 1].
+
+The same exporter serves what virt-handler and kube-state-metrics serve about the VMs and nodes (``actor/load.py``;
+KubeVirt's ServiceMonitor honours labels too), and the rules record what KubeVirt v1.8.3's virt-operator records
+from them in its PrometheusRule for the VMs' memory in use: ``vmi:kubevirt_vmi_memory_used_bytes:sum`` (available
+minus usable) and its deprecated name ``kubevirt_vmi_memory_used_bytes``, which the guard's steering reads.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ _INPUTS = (
     ("descheduler:nodepressure:cpu:avg1m", "kubevirt_actor_node_cpu_pressure"),
     ("descheduler:nodepressure:memory:avg1m", "kubevirt_actor_node_memory_pressure"),
 )
+# virt-operator's recording rules (KubeVirt v1.8.3, pkg/monitoring/rules/recordingrules) for a VM's memory in use
+KUBEVIRT_RULES = (
+    ("vmi:kubevirt_vmi_memory_used_bytes:sum", "kubevirt_vmi_memory_available_bytes-kubevirt_vmi_memory_usable_bytes"),
+    ("kubevirt_vmi_memory_used_bytes", "vmi:kubevirt_vmi_memory_used_bytes:sum"),
+)
 
 
 def _deviation(series: str) -> str:
@@ -47,6 +57,9 @@ def rules_yaml() -> str:
               f"  - record: {SCORE}",
               "    expr: >-",
               "      clamp_max(3 * sqrt(" + " + ".join(_deviation(r) for r, _ in _INPUTS) + "), 1)"]
+    lines += ["- name: kubevirt.rules", "  rules:"]
+    for record, expr in KUBEVIRT_RULES:
+        lines += [f"  - record: {record}", f"    expr: {expr}"]
     return "\n".join(lines) + "\n"
 
 

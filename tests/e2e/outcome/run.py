@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.metricsource.prometheus import QUERIES as GUARD_QUERIES
 from app.sim.metrics import balance
+from app.sim.prometheus import QUERY_INTERVAL
 from app.sim.scenario import Scenario
 from tests.e2e.controlplane import ROOT, ControlPlane, free_port
 from tests.e2e.guard import GuardProcess, install_chart
@@ -47,25 +50,44 @@ class RealMode:
     guard: bool  # the chart installed and the guard running
     model: str  # the simulator's mode for the same set-up
     node_limit: int | None = None  # evictionLimits.node instead of the scenario's
+    steer: bool = False  # the guard reads the run's Prometheus (prometheus.url): steering (better_candidate, no_gain)
     descheduler: Path | None = None  # another descheduler build (the pluggable mode) ...
     policy: Path | None = None  # ... with this policy file (its Prometheus URL replaced by the run's)
     structure_only: bool = False  # the policy names plugins the pinned descheduler lacks: check its own keys only
 
 
-REAL_MODES = {
-    "descheduler": RealMode(guard=False, model="upstream"),
-    # the guard with its canceller, which calls real virt-api's evacuate/cancel with the chart's RBAC
-    "descheduler+guard": RealMode(guard=True, model="upstream+guard"),
+# Each real mode and the simulator's mode it is compared with: the one place that pairs them.
+MODEL_MODES = {
+    "descheduler": "upstream",
+    # the guard as installed where the descheduler reads Prometheus: steering on, reading the run's Prometheus
+    "descheduler+guard": "upstream+steer",
+    # the guard without Prometheus (no prometheus.url): no steering
+    "descheduler+guard-nosteer": "upstream+guard",
     # the one-line alternative the guard is compared with: is the simulator's node-limit-1 the real one?
-    "descheduler-node-limit-1": RealMode(guard=False, model="node-limit-1", node_limit=1),
+    "descheduler-node-limit-1": "node-limit-1",
+}
+# the guard runs with its canceller, which calls real virt-api's evacuate/cancel with the chart's RBAC
+REAL_MODES = {
+    "descheduler": RealMode(guard=False, model=MODEL_MODES["descheduler"]),
+    "descheduler+guard": RealMode(guard=True, steer=True, model=MODEL_MODES["descheduler+guard"]),
+    "descheduler+guard-nosteer": RealMode(guard=True, model=MODEL_MODES["descheduler+guard-nosteer"]),
+    "descheduler-node-limit-1": RealMode(guard=False, node_limit=1, model=MODEL_MODES["descheduler-node-limit-1"]),
 }
 SHORT_MODES = ("descheduler", "descheduler+guard")  # make e2e's short form; make e2e-outcome runs them all
-MODEL_MODES = {name: m.model for name, m in REAL_MODES.items()}
 # The descheduler is started so that its cycles fall half a second after the model's (firstRun + k x interval +
 # 0.5 s): KubeVirt's events fall on whole seconds, and at equal times the simulator runs them before its descheduler's
 # cycle. It starts cycling about 0.25 s after it is started. On a loaded machine its cycles drift; the model is then
 # run with the cycle times the descheduler logged (``aligned_cycles``), so the comparison does not depend on it.
 CYCLE_OFFSET, START_SECONDS = 0.5, 0.25
+# With steering, the actor serves the first sample this long before the run starts: the guard's CPU per VM is a
+# rate() over virt-handler's counters (2 minutes), which is low while a counter is younger than that; in a cluster the
+# VMs have been running (a VM that just migrated has a young counter there too, as here).
+def _rate_window(query: str) -> float:
+    m = re.search(r"\[(\d+)([smh])\]", query)
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)] if m else 120.0
+
+
+WARMUP = _rate_window(GUARD_QUERIES["vm_cpu"]) + 10.0
 
 
 @dataclass
@@ -169,9 +191,12 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         kubevirt.start()
         sa = install_rbac(cp)
         guard = None
+        prom_port = free_port()
         if mode.guard:
-            inst = install_chart(cp, workdir / "chart", values={"policy": dict(scenario.guard_raw),
-                                                                  "cancelStuckEvacuations": {"enabled": True}})
+            values = {"policy": dict(scenario.guard_raw), "cancelStuckEvacuations": {"enabled": True}}
+            if mode.steer:  # the run's Prometheus, polled as often as the simulator's guard polls its model of it
+                values["prometheus"] = {"url": f"http://127.0.0.1:{prom_port}", "interval": f"{QUERY_INTERVAL}s"}
+            inst = install_chart(cp, workdir / "chart", values=values)
             guard = GuardProcess(inst).start()
             procs.append(guard)
         ca_dir = workdir / "ca"
@@ -183,12 +208,14 @@ def run_mode(name: str, scenario: Scenario, scenario_path: Path, workdir: Path, 
         actor = subprocess.Popen(
             [sys.executable, "-m", "tests.e2e.actor", "--scenario", str(scenario_path),
              "--kubeconfig", str(cp.admin_kubeconfig), "--handler-kubeconfig", str(kubevirt.handler_kubeconfig),
-             "--ca-dir", str(ca_dir), "--workdir", str(workdir), "--duration", str(duration)],
+             "--ca-dir", str(ca_dir), "--workdir", str(workdir), "--duration", str(duration),
+             "--seed", str(scenario.seed), "--warmup", str(WARMUP if mode.steer else 0)],
             cwd=ROOT, stdout=actor_log.open("wb"), stderr=subprocess.STDOUT)
         procs.append(_Child(actor))
-        ready = _wait_ready(actor, workdir / "actor-ready.json", actor_log)
-        prom = Prometheus(workdir / "prometheus", free_port(), ready["exporter_port"])
+        exporter = _wait_ready(actor, workdir / "actor-exporter.json", actor_log)
+        prom = Prometheus(workdir / "prometheus", prom_port, exporter["exporter_port"])
         procs.append(prom)
+        ready = _wait_ready(actor, workdir / "actor-ready.json", actor_log, timeout=60 + WARMUP)
         prom.wait_for_score(len(ready["nodes"]))
         wall0 = ready["wall0"]
         _sleep_until(wall0 + scenario.descheduler.first_run + CYCLE_OFFSET - START_SECONDS)
@@ -292,4 +319,6 @@ def _guard_reasons(guard: GuardProcess) -> dict:
             out[f"{d.get('decision')}:{d.get('reason')}"] = value
         elif name == "kubevirt_eviction_guard_side_effects_total" and value:
             out[f"effect {d.get('kind')}:{d.get('outcome')}"] = value
+        elif name == "kubevirt_eviction_guard_prometheus_queries_total" and value:
+            out[f"prometheus queries:{d.get('outcome')}"] = value
     return dict(sorted(out.items()))
