@@ -62,8 +62,11 @@ def openmetrics(at: int) -> str:
     gauge("kube_node_status_capacity",
           [(f'node="{n}",resource="cpu",unit="core"', 64) for n in NODES]
           + [(f'node="{n}",resource="memory",unit="byte"', 256 * GIB) for n in NODES])
-    gauge("kubevirt_vmi_memory_used_bytes", [(f'namespace="{ns}",name="{vm}",node="{v[0]}"', v[2])
-                                             for (ns, vm), v in VMS.items()])
+    # virt-handler's two gauges; the guard reads their difference
+    gauge("kubevirt_vmi_memory_available_bytes", [(f'namespace="{ns}",name="{vm}",node="{v[0]}"', v[2] + 2 * GIB)
+                                                  for (ns, vm), v in VMS.items()])
+    gauge("kubevirt_vmi_memory_usable_bytes", [(f'namespace="{ns}",name="{vm}",node="{v[0]}"', 2 * GIB)
+                                               for (ns, vm), v in VMS.items()])
     out.append("# TYPE kubevirt_vmi_cpu_usage_seconds counter")
     for (ns, vm), (node, cores, _) in VMS.items():
         labels = f'namespace="{ns}",name="{vm}",node="{node}"'

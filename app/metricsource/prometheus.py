@@ -43,8 +43,13 @@ QUERIES = {
     "avg_memory": "descheduler:averageworkersutilization:memory:avg1m",
     "cpu_cores": 'kube_node_status_capacity{resource="cpu"}',
     "memory_bytes": 'kube_node_status_capacity{resource="memory"}',
-    "vm_cpu": "sum by (namespace, name, node) (rate(kubevirt_vmi_cpu_usage_seconds_total[2m]))",
-    "vm_memory": "max by (namespace, name, node) (kubevirt_vmi_memory_used_bytes)",
+    # ``and`` keeps a VM's rate only on the node that still exports its counter: after a migration the old node's
+    # series stays in the 2m window although Prometheus has marked it stale
+    "vm_cpu": "sum by (namespace, name, node) (rate(kubevirt_vmi_cpu_usage_seconds_total[2m])) "
+              "and on (namespace, name, node) kubevirt_vmi_cpu_usage_seconds_total",
+    # what virt-handler exports (virt-operator's rules record the same difference as vmi:kubevirt_vmi_memory_used_bytes:sum)
+    "vm_memory": "max by (namespace, name, node) "
+                 "(kubevirt_vmi_memory_available_bytes - kubevirt_vmi_memory_usable_bytes)",
 }
 REQUIRED = ("score", "cpu", "memory")
 

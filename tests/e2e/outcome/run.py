@@ -60,9 +60,9 @@ class RealMode:
 MODEL_MODES = {
     "descheduler": "upstream",
     # the guard as installed where the descheduler reads Prometheus: steering on, reading the run's Prometheus
-    "descheduler+guard": "upstream+steer",
+    "descheduler+guard": "upstream+guard",
     # the guard without Prometheus (no prometheus.url): no steering
-    "descheduler+guard-nosteer": "upstream+guard",
+    "descheduler+guard-nosteer": "upstream+guard-nosteer",
     # the one-line alternative the guard is compared with: is the simulator's node-limit-1 the real one?
     "descheduler-node-limit-1": "node-limit-1",
 }
