@@ -40,20 +40,20 @@ SETTING_HELP = {
     "maxMigrationCooldown": "cap of the cooldown after backoff; 0: no cap",
     "migrationHistoryWindow": "finished migrations counted for the backoff",
     "evacuationStaleAfter": "a node held this long by its leaving VMs is reported (NodeHeld Event, held_nodes, "
-                            "alert); a descheduler-caused evacuation this old is stuck (rule 5a)",
-    "nodeCooldown": "rule 8b: rest of a node after a descheduler move left it; 0: off",
-    "targetNodeCooldown": "rule 8c: rest of a node after a descheduler move reached it; 0: off",
-    "nodeCooldownWindow": "rules 8b/8c: each further move of the node within this doubles the rest; 0: never",
-    "maxNodeCooldown": "rules 8b/8c: cap of the rest; 0: no cap",
+                            "alert); a descheduler-caused evacuation this old is stuck (evacuation_stuck)",
+    "nodeCooldown": "node_cooldown: rest of a node after a descheduler move left it; 0: off",
+    "targetNodeCooldown": "target_node_cooldown: rest of a node after a descheduler move reached it; 0: off",
+    "nodeCooldownWindow": "node cooldowns: each further move of the node within this doubles the rest; 0: never",
+    "maxNodeCooldown": "node cooldowns: cap of the rest; 0: no cap",
     "cooldownScope": "descheduler (cooldown and node budget hold only its evictions) or all",
     "deschedulerUsers": "usernames treated as the descheduler besides its requested-by annotation",
-    "pendingEvacuationsPerNode": "rule 8: VMs that may be leaving a node at once; 0: rule 8 off",
-    "honorPreferNoEviction": "rule 7a: deny descheduler evictions of VMs annotated prefer-no-eviction",
-    "refuseNotMigratable": "rule 7n: deny descheduler evictions of VMs that cannot live-migrate (KubeVirt would "
+    "pendingEvacuationsPerNode": "node_busy: VMs that may be leaving a node at once; 0: node_busy off",
+    "honorPreferNoEviction": "prefer_no_eviction: deny descheduler evictions of VMs annotated prefer-no-eviction",
+    "refuseNotMigratable": "not_migratable: deny descheduler evictions of VMs that cannot live-migrate (KubeVirt would "
                            "shut them down)",
-    "targetNodeCooldownChurnOnly": "rule 8c only while the node also sent a VM away within its rest",
-    "steeringMinGain": "rule 10: score points the best move must gain (0 to 100)",
-    "steeringMargin": "rule 10: hold a VM back when another gains more than this many points more (0 to 100)",
+    "targetNodeCooldownChurnOnly": "target_node_cooldown only while the node also sent a VM away within its rest",
+    "steeringMinGain": "steering: score points the best move must gain (0 to 100)",
+    "steeringMargin": "steering: hold a VM back when another gains more than this many points more (0 to 100)",
     "evacuationStaleAfterFailures": "failed attempts after which a descheduler-caused evacuation is stuck; "
                                     "0: by age only; at most 5",
 }

@@ -68,7 +68,7 @@ class Metrics:
             PREFIX + "events_rate_limited_total", "Denials not written at once: held back by the per-VMI rate limit or folded into a pending write",
             ["reason"], registry=r,
         )
-        # steering (rule 10): age of the Prometheus data in use (+Inf before the first answer), query rounds
+        # steering: age of the Prometheus data in use (+Inf before the first answer), query rounds
         self.prometheus_data_age = Gauge(PREFIX + "prometheus_data_age_seconds",
                                          "Age of the usage data from Prometheus that steering decides with", registry=r)
         self.prometheus_queries = Counter(PREFIX + "prometheus_queries_total", "Prometheus query rounds, by outcome",
@@ -91,7 +91,7 @@ class Metrics:
         self.canceller_info = Gauge(PREFIX + "evacuation_canceller_info",
                                     "1, labelled with whether the canceller runs and why (not)", ["enabled", "reason"],
                                     registry=r)
-        # rule 8 (node budget): nodes held longer than evacuationStaleAfter (app/effects/held.py)
+        # `node_busy` (node budget): nodes held longer than evacuationStaleAfter (app/effects/held.py)
         self.held_nodes = Gauge(PREFIX + "held_nodes",
                                 "Nodes whose leaving VMs have filled the node budget for longer than evacuationStaleAfter",
                                 registry=r)
@@ -99,7 +99,7 @@ class Metrics:
         self.held_node_oldest = Gauge(PREFIX + "held_node_oldest_seconds",
                                       "How long the longest-held of the held nodes has been held (0 when none)",
                                       registry=r)
-        # VMs whose cooldown (rule 9) runs now, counted every pass of app/effects/failing.py
+        # VMs whose cooldown (`cooldown`) runs now, counted every pass of app/effects/failing.py
         self.vms_in_cooldown = Gauge(PREFIX + "vms_in_cooldown", "VMs whose migration cooldown runs now", registry=r)
         self.failing_evacuations = Gauge(PREFIX + "failing_evacuations",
                                          "Evacuations KubeVirt keeps retrying after evacuationStaleAfterFailures failed "
@@ -111,9 +111,9 @@ class Metrics:
                                 "VMs whose launcher pod may run on one node only (hostname nodeSelector or required "
                                 "node affinity): the descheduler's node-fit check skips them", registry=r)
         self.not_migratable_vms = Gauge(PREFIX + "not_migratable_vms",
-                                        "VMs a descheduler eviction would shut down instead of moving (rule 7n)",
+                                        "VMs a descheduler eviction would shut down instead of moving (`not_migratable`)",
                                         registry=r)
-        # rule 8 read again before an allow (app/cluster/fresh.py): same | changed (refused after all) | failed
+        # `node_busy` read again before an allow (app/cluster/fresh.py): same | changed (refused after all) | failed
         self.leaver_reads = Counter(PREFIX + "leaver_reads_total",
                                     "Allows confirmed by reading the node's VMIs again, by result", ["result"],
                                     registry=r)

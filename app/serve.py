@@ -135,7 +135,7 @@ def effects_client(args: argparse.Namespace):
 
 
 def leaver_read(args: argparse.Namespace, store: ClusterView):
-    """Rule 8 read again before an allow (app/cluster/fresh.py), on its own small connection pool."""
+    """`node_busy` read again before an allow (app/cluster/fresh.py), on its own small connection pool."""
     from app.cluster.fresh import LeaverRead
     from app.cluster.kube import api_client
 

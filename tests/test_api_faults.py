@@ -19,7 +19,7 @@ Each test is one kind of fault, run while that traffic flows:
 Scaled down from the issue's "a minute" and "60 s", to stay within a few tens
 of seconds on a shared 2-core machine: every outage lasts 3.5 s, and the
 silence after which an open watch is presumed dead (``--stale-after``) is 2 s
-instead of the default 2 min. Cuts come every 1.2 s (issue: "every few seconds") five times, and 30 more
+instead of the default 2 min. Cuts come every 1.2 s ("every few seconds") five times, and 30 more
 cycles follow in the last test. The guard's retry timings are the production
 ones (backoff 0.8 s doubling, capped at 30 s), so the recovery times measured
 are real for outages this long; after a 60 s outage recovery may take up to

@@ -30,7 +30,7 @@ def test_defaults() -> None:
     s = build_settings({})
     assert (s.migration_cooldown, s.max_migration_cooldown, s.migration_history_window) == (900, 21600, 172800)
     assert (s.cooldown_scope, s.pending_evacuations_per_node, s.evacuation_stale_after) == ("descheduler", 1, 3600)
-    # rules 8b and 8c are off unless set (issue 14's measurement chose so)
+    # the node cooldowns are off unless set (docs/simulator.md, "Node cooldowns measured", says why)
     assert (s.node_cooldown, s.target_node_cooldown, s.target_node_cooldown_churn_only) == (0, 0, False)
     assert (s.node_cooldown_window, s.max_node_cooldown) == (3600, 3600)
 

@@ -353,7 +353,7 @@ def test_server_clock_matches_builders() -> None:
     assert ts(0) == NOW_ARG
 
 
-# ---- rules 8b and 8c over the wire (issue 14): a guard started with both node cooldowns on ----------------------
+# ---- node cooldowns (source and target) over the wire: a guard started with both node cooldowns on ----------------------
 
 MOVED_OFF = mstate("m-off", "worker-x", "worker-z", start=7, end=5)  # descheduler move off worker-x, 5 min ago
 MOVED_ON = mstate("m-on", "worker-z", "worker-y", start=7, end=5)  # descheduler move onto worker-y, 5 min ago

@@ -5,7 +5,7 @@ decodes it with ``review.decode``, asks ``policy.decide`` and returns the answer
 causes (log line, metrics, Events, the annotation) goes to ``on_decision``,
 which must not block: side effects are queued, never run on the request path.
 
-One answer waits on the API server: an allow that rule 8 found room for is decided again over the node's VMIs
+One answer waits on the API server: an allow that `node_busy` found room for is decided again over the node's VMIs
 read fresh (``fresh_view``; ``app.cluster.fresh`` says why), in a thread, so the event loop keeps serving.
 """
 
@@ -50,10 +50,10 @@ class GuardContext:
     on_decision: Callable[[rv.Review, Decision], None] | None = None
     effects: Any = None  # app.effects.Effects: started and stopped with the server
     shutting_down: bool = False
-    # steering (rule 10): the latest Prometheus snapshot; None turns the rule off
+    # steering: the latest Prometheus snapshot; None turns the rule off
     usage: Callable[[], UsageSnapshot | None] = lambda: None
     usage_source: Any = None  # app.metricsource.prometheus.PrometheusSource: started and stopped with the server
-    # rule 8 read again before an allow (blocking; None in snapshot mode): node -> the view with its VMIs fresh
+    # `node_busy` read again before an allow (blocking; None in snapshot mode): node -> the view with its VMIs fresh
     fresh_view: Callable[[str], ClusterView] | None = None
     fresh_view_timeout: float = 2.0
     fresh_reads_per_second: float = 20.0  # reads before an allow, all nodes together (cluster.fresh.SharedReads)
@@ -118,7 +118,7 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
     refused_logged = [float("-inf")]
 
     async def confirmed(review: rv.Review, decision: Decision, now: float, started: float) -> tuple[int, bytes]:
-        """Rule 8 again over the node's VMIs as the API server has them now (a mark the watch has not brought yet)."""
+        """`node_busy` again over the node's VMIs as the API server has them now (a mark the watch has not brought yet)."""
         node = decision.budget_node
         try:
             fresh = await asyncio.wait_for(asyncio.shield(reads.view_of(node)), ctx.fresh_view_timeout)  # type: ignore[union-attr,arg-type]

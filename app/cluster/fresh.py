@@ -1,4 +1,4 @@
-"""Rule 8's count read again from the API server, for the moment an eviction is about to be let go.
+"""`node_busy`'s count read again from the API server, for the moment an eviction is about to be let go.
 
 The watch-fed store is a few milliseconds behind the API server. KubeVirt marks a VMI for evacuation while it
 answers the eviction (before the descheduler gets its 429), and the descheduler sends its next eviction from the

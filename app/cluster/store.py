@@ -41,7 +41,7 @@ Listener = Callable[[str, Any, Any], None]
 log = logging.getLogger("kubevirt_eviction_guard.cluster")
 _EMPTY: tuple = ()
 _NO_NS: dict = {}  # stands in for an absent namespace; never written to
-# finished moves kept per node and direction for the node cooldowns (rules 8b, 8c): the newest few are all
+# finished moves kept per node and direction for the node cooldowns: the newest few are all
 # those rules read (the last end, and a count that stops mattering once the cooldown reaches its cap)
 MOVES_KEPT = 32
 

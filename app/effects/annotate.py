@@ -4,7 +4,7 @@ Since v1.7 KubeVirt's virt-controller reconciles this annotation to exactly
 "the VMI is marked for evacuation" (``status.evacuationNodeName`` set), with
 value ``"true"``, on the ready source pod only (kubevirt-facts.md). The guard
 adds it early, when it has just told the descheduler "eviction running in the
-background" (rules 6 and 7), so the descheduler sees the eviction as in
+background" (`migration_in_progress` and `evacuation_pending`), so the descheduler sees the eviction as in
 progress without waiting for virt-controller's next reconcile. It writes only
 what virt-controller would write itself, so the two never disagree:
 
@@ -104,7 +104,7 @@ def why_not(pod: LauncherPod | None, vmi: VMIRecord | None, view: ClusterView | 
 
 
 def wanted(decision: Decision) -> bool:
-    """Cheap pre-check on the request path: a rule 6/7 denial whose records (read from
+    """Cheap pre-check on the request path: a `migration_in_progress` or `evacuation_pending` denial whose records (read from
     the store by policy) justify the annotation. The job re-checks when it runs."""
     return decision.denied and decision.background and not decision.dry_run and not why_not(decision.pod, decision.vmi)
 

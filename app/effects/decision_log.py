@@ -46,7 +46,7 @@ def decision_fields(review: Review, decision: Decision) -> dict[str, Any]:
     if decision.leaving:
         fields["leaving"] = ",".join(decision.leaving)
     ranking = decision.ranking
-    if ranking is not None:  # rule 10: this VM's predicted gain and the best one's, in score points
+    if ranking is not None:  # steering: this VM's predicted gain and the best one's, in score points
         mine, best = ranking.of(decision.vmi.key) if decision.vmi else None, ranking.best  # type: ignore[attr-defined]
         fields["score"] = round(ranking.hot_score, 1)  # type: ignore[attr-defined]
         fields["target"] = ranking.target  # type: ignore[attr-defined]

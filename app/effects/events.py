@@ -223,7 +223,8 @@ class EventRecorder:
             job = self._confirming[key] = ConfirmJob(self, view, review, decision, self.clock())
         self.queue.submit(job, CONFIRM_DELAYS[0])
 
-    def _confirmed(self, job: ConfirmJob, found: bool) -> None:
+    def settle(self, job: ConfirmJob, found: bool) -> None:
+        """The look-out ``job`` ended: the migration showed (``found``) or it gave up."""
         with self._lock:
             self._confirming.pop(job.key[1:], None)
             review, decision, times = job.review, job.decision, job.occurrences
@@ -324,16 +325,16 @@ class ConfirmJob:
 
     def run(self) -> str:
         if migration_followed(self.view, self.vmi, self.since):
-            self.recorder._confirmed(self, True)
+            self.recorder.settle(self, True)
             return "confirmed"
         self.attempt += 1
         if self.attempt >= len(CONFIRM_DELAYS):
-            self.recorder._confirmed(self, False)
+            self.recorder.settle(self, False)
             log.info("allowed eviction not followed by a migration; no EvictionAllowed Event",
                      extra={"namespace": self.vmi.namespace, "vmi": self.vmi.name, "uid": printable(self.review.uid)})
             return "unconfirmed"
         if not self.recorder.queue.submit(self, CONFIRM_DELAYS[self.attempt]):
-            self.recorder._confirmed(self, False)  # cannot happen: the key is ours alone
+            self.recorder.settle(self, False)  # cannot happen: the key is ours alone
         return "waiting"
 
 

@@ -1,6 +1,6 @@
 """Nodes the node budget holds for too long, made visible; and the VMs the descheduler cannot move.
 
-Why: rule 8 counts a leaving VM until its departure ends, stuck or waiting ones too, so
+Why: `node_busy` counts a leaving VM until its departure ends, stuck or waiting ones too, so
 that no second VM leaves a node while KubeVirt keeps retrying the first (the "two retry
 loops"). The price is local: the descheduler cannot relieve that node meanwhile. A node
 held so for longer than ``evacuationStaleAfter`` must not stay silent, so every
@@ -12,7 +12,7 @@ held so for longer than ``evacuationStaleAfter`` must not stay silent, so every
   (``virtctl evacuate-cancel``, or the canceller); at most once per VMI and node every
   ``repeat`` seconds (replicas each write theirs);
 - counts the VMs the descheduler will not or cannot move: ``pinned_vms`` (a launcher pod
-  that may run on one node only) and ``not_migratable_vms`` (rule 7n).
+  that may run on one node only) and ``not_migratable_vms`` (`not_migratable`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Why: KubeVirt's virt-api writes the annotation with the mark when it admits a de
 clears it; only a successful migration removes it (virt-handler's ``ackMigrationCompletion``). After an
 ``evacuate/cancel``, the guard's canceller's or a user's, it stays. A later evacuation the descheduler did not
 cause (a user's eviction, an autoscaler's) then looks descheduler-caused: to the guard (its failed attempts make
-it "stuck" for rule 5a and the canceller, which would cancel it) and to KubeVirt itself (with its
+it "stuck" for `evacuation_stuck` and the canceller, which would cancel it) and to KubeVirt itself (with its
 ``MigrationPriorityQueue`` gate the evacuation controller gives the new VMIM the descheduler's priority). The
 guard cannot tell the two evacuations apart later from the VMI alone, so it removes the annotation as soon as it
 is stale: the VMI is not marked, nothing of it is migrating, every VMIM of it is finished. What it writes lives

@@ -70,7 +70,7 @@ def explanation(req: EvictionAttempt, store: ClusterStore, now: float, settings:
     ``eviction_requests``: Kubernetes' EvictionRequests of the cluster (None: not served, or a snapshot)."""
     d = decide(req, store, now, settings, usage=usage)
     model: dict[str, Any] = decision_fields(d)
-    model["retryIn"] = seconds(d.remaining)  # seconds until a cooldown denial lifts (rules 8b, 8c, 9); else None
+    model["retryIn"] = seconds(d.remaining)  # seconds until a cooldown denial lifts (`node_cooldown`, `target_node_cooldown` and `cooldown`); else None
     model["request"] = {"namespace": req.namespace, "pod": req.name,
                         "requester": "descheduler" if req.requested_by else f"user:{req.username}",
                         "requestedBy": req.requested_by or None, "username": req.username or None}
@@ -155,13 +155,13 @@ def eviction_requests_text(requests: list[dict[str, Any]] | None) -> list[str]:
 
 
 def leaving_others(store: ClusterStore, vmi, node: str, now: float, settings: PolicySettings) -> list[dict[str, Any]]:
-    """The other VMs rule 8 counts on the node, oldest departure first, with their state (stuck, waiting)."""
+    """The other VMs `node_busy` counts on the node, oldest departure first, with their state (stuck, waiting)."""
     return [{"namespace": x.namespace, "name": x.name, "leavingFor": seconds(x.age), "state": x.state or None}
             for x in leavers(node, store, now, settings) if (x.namespace, x.name) != vmi.key]
 
 
 def node_rest_fields(rest: NodeCooldown | None, floor: float) -> dict[str, Any]:
-    """Rules 8b/8c for one node: ``enabled`` false when the setting is 0; ``lastMove`` None when no move counts."""
+    """Node cooldowns for one node: ``enabled`` false when the setting is 0; ``lastMove`` None when no move counts."""
     if floor <= 0:
         return {"enabled": False, "active": False, "lastMove": None}
     if rest is None:
@@ -175,7 +175,7 @@ def node_rest_fields(rest: NodeCooldown | None, floor: float) -> dict[str, Any]:
 
 def steering_fields(node: str, vmi, store: ClusterStore, now: float, settings: PolicySettings,
                     usage: UsageSnapshot) -> dict[str, Any]:
-    """Rule 10's ranking: every VM on the node the descheduler could still move, best move first."""
+    """Steering's ranking: every VM on the node the descheduler could still move, best move first."""
     out: dict[str, Any] = {"node": node, "dataAge": seconds(usage.age(now)), "maxAge": seconds(usage.max_age),
                            "error": usage.error or None, "usable": usage.usable(now), "ranking": None}
     if not out["usable"]:

@@ -115,11 +115,11 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
         migrations=st.count if st else 0,
         lastEnd=timestamp(st.last_end) if st else None,
         cooldown=seconds(st.cooldown) if st else None,
-        # the VM's own cooldown (rule 9), left: None when none is running
+        # the VM's own cooldown (`cooldown`), left: None when none is running
         remaining=seconds(st.remaining) if st and st.active else None,
         # the one node its launcher pod may run on (the descheduler skips it); None when not pinned
         pinned=(pod.pinned_to or None) if pod else None,
-        # why a descheduler eviction would shut it down instead of moving it (rule 7n); None when it would move
+        # why a descheduler eviction would shut it down instead of moving it (`not_migratable`); None when it would move
         notMigratable=unmovable,
         # marked with evictionStrategy External and nothing migrating it: its external controller's to replace
         externalEvacuation=vmi.evacuation_node if external else None,
@@ -129,7 +129,7 @@ def vmi_row(store: ClusterStore, vmi: VMIRecord, pod: LauncherPod | None, now: f
 
 
 def node_cooldowns(store: ClusterStore, now: float, settings: PolicySettings) -> dict[str, Any]:
-    """Rules 8b/8c per node: which nodes the descheduler may not evict from right now, and for how long."""
+    """Node cooldowns per node: which nodes the descheduler may not evict from right now, and for how long."""
     enabled = settings.node_cooldown > 0 or settings.target_node_cooldown > 0
     nodes = []
     if enabled:
@@ -246,8 +246,8 @@ def steering_text(st: dict[str, Any] | None) -> str:
 
 def node_cooldowns_text(nc: dict[str, Any]) -> str:
     if not nc["enabled"]:
-        return "\nNode cooldowns (rules 8b, 8c): off (nodeCooldown and targetNodeCooldown are 0)\n"
-    text = "\nNode cooldowns (rules 8b, 8c): nodes the descheduler may not evict from now:\n"
+        return "\nNode cooldowns: off (nodeCooldown and targetNodeCooldown are 0)\n"
+    text = "\nNode cooldowns: nodes the descheduler may not evict from now:\n"
     if not nc["nodes"]:
         return text + "  none\n"
     rows = [[n["node"], f"{n['rule']} {n['reason']}", f"{n['lastMove']['namespace']}/{n['lastMove']['vmi']}",

@@ -81,7 +81,7 @@ def long_notes(choices: dict[str, Any]) -> str:
 
 
 def cooldown_fields(st: CooldownState | None, settings: PolicySettings) -> dict[str, Any] | None:
-    """Rule 9's arithmetic for one VM (None: no finished migration)."""
+    """`cooldown`'s arithmetic for one VM (None: no finished migration)."""
     if st is None:
         return None
     return {

@@ -52,7 +52,7 @@ def decide(
     health: CacheHealth = HEALTHY,
     usage: UsageSnapshot | None = None,
 ) -> Decision:
-    """``usage`` None: steering (rule 10) is off; a snapshot (even an empty one) turns it on."""
+    """``usage`` None: steering is off; a snapshot (even an empty one) turns it on."""
     dry = req.dry_run
     # 1. not a CREATE of pods/eviction
     if not req.is_eviction:
@@ -94,7 +94,7 @@ def decide(
     if vmi.evacuation_node and vmi.evacuation_node == pod.node:
         msg = f'{_background(vmi)}: VMI is marked for evacuation from node "{pod.node}", its migration is pending'
         return _deny(Reason.EVACUATION_PENDING, msg, dry, vmi, pod)
-    # exemptions from rules 7a, 8 and 9: the VM's own annotation, scope and drains
+    # exemptions from `prefer_no_eviction`, `node_busy` and `cooldown`: the VM's own annotation, scope and drains
     if vmi.overrides is not None and vmi.overrides.exempt:
         return _allow(Reason.ALLOWED, f'VMI is exempt ({EXEMPT_OVERRIDE}: "true"): only the in-flight rules apply',
                       dry, vmi, pod)
@@ -184,13 +184,13 @@ def decide(
 
 
 def source_cooldown(node: str, view: ClusterView, now: float, settings: PolicySettings) -> NodeCooldown | None:
-    """Rule 8b: the node's rest after the descheduler's last move off it (None: off, or no such move)."""
+    """`node_cooldown`: the node's rest after the descheduler's last move off it (None: off, or no such move)."""
     return node_cooldown(node, LEFT, view.moves_from(node), view, now, settings.node_cooldown,
                          settings.node_cooldown_window, settings.max_node_cooldown)
 
 
 def target_cooldown(node: str, view: ClusterView, now: float, settings: PolicySettings) -> NodeCooldown | None:
-    """Rule 8c: the node's rest after the descheduler's last move onto it: evicting from it now is ping-pong.
+    """`target_node_cooldown`: the node's rest after the descheduler's last move onto it: evicting from it now is ping-pong.
     With ``targetNodeCooldownChurnOnly`` only while the node also sent a VM away within that rest (it both
     receives and sends: churn); a node that only receives, or only sends, is left to the descheduler."""
     rest = node_cooldown(node, ARRIVED, view.moves_to(node), view, now, settings.target_node_cooldown,
@@ -204,7 +204,7 @@ def target_cooldown(node: str, view: ClusterView, now: float, settings: PolicySe
 
 def steering_ranking(node: str, vmi: VMIRecord, view: ClusterView, now: float, settings: PolicySettings,
                      usage: UsageSnapshot) -> Ranking | None:
-    """Rule 10: the VMs on ``node`` that the descheduler could still move (this one, and
+    """Steering: the VMs on ``node`` that the descheduler could still move (this one, and
     those not leaving, not migrating, not in cooldown), ranked by predicted gain.
     Targets exclude nodes being drained."""
     movable = []
@@ -221,9 +221,9 @@ def is_movable(view: ClusterView, key: tuple[str, str], node: str, now: float, s
     if other is None or other.node != node or other.evacuation_node:
         return False
     if settings.honor_prefer_no_eviction and other.prefer_no_eviction:
-        return False  # rule 7a refuses it: holding the others back for it would hold the node for ever
+        return False  # `prefer_no_eviction` refuses it: holding the others back for it would hold the node for ever
     if settings.refuse_not_migratable and not_migratable(other, view.kubevirt()) is not None:
-        return False  # rule 7n refuses it, likewise
+        return False  # `not_migratable` refuses it, likewise
     migrations = relevant_migrations(other, view.migrations(other.namespace, other.name))
     if describe_in_flight(other, migrations, now):
         return False
@@ -232,12 +232,12 @@ def is_movable(view: ClusterView, key: tuple[str, str], node: str, now: float, s
 
 
 def is_vm_pod(pod: LauncherPod | None) -> bool:
-    """Rule 3: a launcher pod of a VM that is not completed."""
+    """`not_a_vm_pod`: a launcher pod of a VM that is not completed."""
     return pod is not None and pod.is_launcher and bool(pod.vmi_name) and pod.phase not in COMPLETED_PHASES
 
 
 def is_migration_target(pod: LauncherPod, vmi: VMIRecord, view: ClusterView) -> bool:
-    """Rule 5: the VM runs elsewhere, or the pod belongs to an unfinished migration."""
+    """`migration_target`: the VM runs elsewhere, or the pod belongs to an unfinished migration."""
     if vmi.node and pod.node != vmi.node:
         return True
     job = pod.migration_job_uid
@@ -250,7 +250,7 @@ def is_migration_target(pod: LauncherPod, vmi: VMIRecord, view: ClusterView) -> 
 
 
 def describe_in_flight(vmi: VMIRecord, migrations: Sequence[MigrationRecord], now: float) -> str:
-    """Rule 6: what is in flight for this VMI ("" when nothing): its ``migrationState``
+    """`migration_in_progress`: what is in flight for this VMI ("" when nothing): its ``migrationState``
     started and not ended, or a VMIM in a non-final phase (queued or running, which
     KubeVirt shows on the VMIM before the VMI's ``migrationState`` has it)."""
     state = vmi.migration
@@ -281,7 +281,7 @@ def in_scope(req: EvictionAttempt, settings: PolicySettings) -> bool:
 
 
 def others_leaving(node: str, vmi: VMIRecord, view: ClusterView) -> list[tuple[str, str]]:
-    """Rule 8: the other VMs leaving ``node``, sorted (namespace, name). Every departure counts until it
+    """`node_busy`: the other VMs leaving ``node``, sorted (namespace, name). Every departure counts until it
     ends: the VM left, or it is no longer marked and has no unfinished VMIM. A stuck or a waiting one
     counts too: letting a second VM go beside it is the second retry loop the budget exists to prevent."""
     out = []
@@ -312,7 +312,7 @@ def awaits_external_controller(vmi: VMIRecord, migrations: Sequence[MigrationRec
     migrates it (``VMIMigratableOnEviction`` is false for External). The controllers that use it replace the VM
     rather than move it (the KubeVirt cloud provider deletes the tenant cluster's Machine; cluster-api-provider-
     kubevirt reports the Machine failed for its MachineHealthCheck to replace), on their own schedule, however
-    long the mark stays. So it is no live migration leaving the node: rule 8 (``node_busy``) does not count it,
+    long the mark stays. So it is no live migration leaving the node: `node_busy` (``node_busy``) does not count it,
     and it holds no node. Once a migration of it runs (a VMIM its controller created), it counts as any other."""
     if not vmi.evacuation_node or eviction_strategy(vmi, kubevirt) != EXTERNAL:
         return False
@@ -376,7 +376,7 @@ def describe_leaver(key: tuple[str, str], view: ClusterView, node: str, now: flo
 
 
 def leavers(node: str, view: ClusterView, now: float, settings: PolicySettings) -> list[Leaver]:
-    """Every VM leaving ``node`` (rule 8's count), oldest departure first (unknown ages last)."""
+    """Every VM leaving ``node`` (`node_busy`'s count), oldest departure first (unknown ages last)."""
     node_rec = view.node(node)
     kubevirt = view.kubevirt()
     out = []
@@ -390,7 +390,7 @@ def leavers(node: str, view: ClusterView, now: float, settings: PolicySettings) 
 
 @dataclass(slots=True, frozen=True)
 class HeldNode:
-    """A node rule 8 holds (its leavers fill the budget) for longer than ``evacuationStaleAfter``."""
+    """A node `node_busy` holds (its leavers fill the budget) for longer than ``evacuationStaleAfter``."""
 
     node: str
     held_for: float  # seconds since the budget filled: the age of the budget-th oldest departure
@@ -398,8 +398,8 @@ class HeldNode:
 
 
 def held_node(node: NodeRecord, view: ClusterView, now: float, settings: PolicySettings) -> HeldNode | None:
-    """The node as rule 8 sees it: held for longer than ``evacuationStaleAfter`` (None otherwise, and for a
-    node being drained, which rule 8 never holds)."""
+    """The node as `node_busy` sees it: held for longer than ``evacuationStaleAfter`` (None otherwise, and for a
+    node being drained, which `node_busy` never holds)."""
     budget = settings.pending_evacuations_per_node
     if budget <= 0 or node.draining:
         return None
@@ -436,7 +436,7 @@ def blocked_text(m: MigrationRecord) -> str:
 
 
 def not_migratable(vmi: VMIRecord, kubevirt: KubeVirtRecord | None) -> str | None:
-    """Rule 7n: why an eviction would shut the VM down instead of moving it, as KubeVirt's eviction
+    """`not_migratable`: why an eviction would shut the VM down instead of moving it, as KubeVirt's eviction
     admitter decides (``VMIMigratableOnEviction``); None when it would move it, or when we cannot tell
     (no strategy on the VMI and no KubeVirt CR known; a LiveMigratable condition that is absent)."""
     if vmi.eviction_strategy:
@@ -485,7 +485,7 @@ def leaving_age(vmi: VMIRecord, migrations: Sequence[MigrationRecord], node: str
 
 @dataclass(slots=True, frozen=True)
 class StuckEvacuation:
-    """A descheduler-caused evacuation that keeps failing (rules 5a and 8, and the canceller)."""
+    """A descheduler-caused evacuation that keeps failing (`evacuation_stuck` and `node_busy`, and the canceller)."""
 
     namespace: str
     name: str

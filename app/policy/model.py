@@ -45,22 +45,22 @@ class PolicySettings:
     cooldown_scope: str = SCOPE_DESCHEDULER
     descheduler_users: frozenset[str] = frozenset()
     pending_evacuations_per_node: int = 1
-    # a node held by rule 8 longer than this is shown (Event, gauge, alert); also rule 5a's "stuck by age"
+    # a node held by `node_busy` longer than this is shown (Event, gauge, alert); also `evacuation_stuck`'s "stuck by age"
     evacuation_stale_after: float = 3600.0
-    # a descheduler-caused evacuation with this many failed attempts is stuck (rules 5a and 8); 0: by age only
+    # a descheduler-caused evacuation with this many failed attempts is stuck (`evacuation_stuck` and `node_busy`); 0: by age only
     evacuation_stale_after_failures: int = 3
-    # rule 10 (steering, only with Prometheus data): score points, 0..100
+    # steering (only with Prometheus data): score points, 0..100
     steering_min_gain: float = 5.0  # best move must lower the higher of hot/target score by this much
     steering_margin: float = 5.0  # another VM must beat this one by more than this to hold it back
     honor_prefer_no_eviction: bool = True
-    refuse_not_migratable: bool = True  # rule 7n
-    # rules 8b/8c, node cooldowns (0 = off): floor, doubled per descheduler move of the node within
+    refuse_not_migratable: bool = True  # `not_migratable`
+    # node cooldowns (0 = off): floor, doubled per descheduler move of the node within
     # node_cooldown_window (0 = never doubled), capped at max_node_cooldown (0 = no cap)
     node_cooldown: float = 0.0
     target_node_cooldown: float = 0.0
     node_cooldown_window: float = 3600.0
     max_node_cooldown: float = 3600.0
-    # rule 8c only while the node also sent a VM away (descheduler) within its target-node cooldown: churn
+    # `target_node_cooldown` only while the node also sent a VM away (descheduler) within its target-node cooldown: churn
     target_node_cooldown_churn_only: bool = False
 
 
@@ -92,12 +92,12 @@ class Decision:
     vmi: VMIRecord | None = None
     pod: LauncherPod | None = None
     node: str = ""
-    remaining: float | None = None  # seconds left of the cooldown (rule 9)
+    remaining: float | None = None  # seconds left of the cooldown (`cooldown`)
     cooldown: object | None = None  # CooldownState when computed
-    leaving: tuple[str, ...] = field(default=())  # rule 8: the other VMs leaving, "NS/NAME"
-    ranking: object | None = None  # rule 10: steering.Ranking when computed
+    leaving: tuple[str, ...] = field(default=())  # `node_busy`: the other VMs leaving, "NS/NAME"
+    ranking: object | None = None  # steering: steering.Ranking when computed
     dry_run: bool = False
-    # rule 8 counted this node's leavers and found room: an allow the server confirms with a fresh read
+    # `node_busy` counted this node's leavers and found room: an allow the server confirms with a fresh read
     budget_node: str = ""
 
     @property
@@ -106,5 +106,5 @@ class Decision:
 
     @property
     def background(self) -> bool:
-        """Rules 6 and 7: the descheduler should count this eviction as running in the background."""
+        """`migration_in_progress` and `evacuation_pending`: the descheduler should count this eviction as running in the background."""
         return self.reason in (Reason.MIGRATION_IN_PROGRESS, Reason.EVACUATION_PENDING)

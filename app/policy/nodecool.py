@@ -1,4 +1,4 @@
-"""Node cooldowns (rules 8b and 8c): how long a node rests after the descheduler moved a VM off it or onto it.
+"""Node cooldowns : how long a node rests after the descheduler moved a VM off it or onto it.
 
 The state is the node's finished, Succeeded VMIMs (the view's ``moves_from`` /
 ``moves_to``), so every replica and every restart reads the same numbers. Only
@@ -34,7 +34,7 @@ LEFT, ARRIVED = "left", "arrived"
 @dataclass(slots=True, frozen=True)
 class NodeCooldown:
     node: str
-    direction: str  # LEFT (rule 8b) or ARRIVED (rule 8c)
+    direction: str  # LEFT (`node_cooldown`) or ARRIVED (`target_node_cooldown`)
     last: MigrationRecord  # the newest descheduler move that set it
     count: int  # descheduler moves of this node, this direction, within the window (at least 1)
     cooldown: float

@@ -1,4 +1,4 @@
-"""Which VM's move lowers a hot node's score the most: the prediction behind rule 10.
+"""Which VM's move lowers a hot node's score the most: the prediction behind steering.
 
 The descheduler's score for a node (the KubeVirtRelieveAndMigrate profile's
 recording rule) is 3 x the Euclidean norm of the node's positive deviations from

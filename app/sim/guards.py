@@ -38,7 +38,7 @@ Guard variants:
   ``app.policy.decide``, unchanged, as a mutating webhook (so it runs before
   KubeVirt's) deciding on a real ``ClusterStore`` that KubeVirt's simulated
   objects are published into; its canceller on (KubeVirt serves
-  ``evacuate/cancel`` since v1.8); steering (rule 10) on, fed by a modelled
+  ``evacuate/cancel`` since v1.8); steering on, fed by a modelled
   Prometheus (app/sim/prometheus.py: stale, noisy, PSI not predicted), because
   the guard finds the descheduler's Prometheus wherever the descheduler reads one;
 - ``BASELINE+guard-nosteer``: the guard without steering (no Prometheus found);
@@ -93,7 +93,7 @@ class Baseline:
 class GuardVariant:
     description: str
     settings: dict = field(default_factory=dict)  # setting names, applied last
-    steering: bool | None = None  # rule 10 on a modelled Prometheus; None: where the descheduler reads one
+    steering: bool | None = None  # steering on a modelled Prometheus; None: where the descheduler reads one
     cancel: bool = True  # the canceller runs (the default where KubeVirt serves evacuate/cancel)
 
 
@@ -131,9 +131,9 @@ GUARD_VARIANTS = {
                                    cancel=False),
     "steer": GuardVariant("the guard at its defaults with steering on (older name of +guard)", steering=True),
     # the node-cooldown variants: the default guard plus the settings named (bench/sim_candidates.sh measures them)
-    "guard-nodecool": GuardVariant("candidate 1: node cooldown (rule 8b) 15m, doubled per departure within 1h, cap 1h",
+    "guard-nodecool": GuardVariant("candidate 1: node cooldown (`node_cooldown`) 15m, doubled per departure within 1h, cap 1h",
                                    {"nodeCooldown": "15m"}),
-    "guard-targetcool": GuardVariant("candidate 2: target-node cooldown (rule 8c) 15m, doubled within 1h, cap 1h",
+    "guard-targetcool": GuardVariant("candidate 2: target-node cooldown (`target_node_cooldown`) 15m, doubled within 1h, cap 1h",
                                      {"targetNodeCooldown": "15m"}),
     "guard-settle": GuardVariant("candidate 4a: node cooldown 5m, never doubled (a settle time after each departure)",
                                  {"nodeCooldown": "5m", "nodeCooldownWindow": "0s"}),
@@ -155,7 +155,7 @@ class ModeSpec:
 
     @property
     def steering(self) -> bool:
-        """Rule 10 on: the variant says so, or, at its default, the descheduler reads Prometheus."""
+        """Steering on: the variant says so, or, at its default, the descheduler reads Prometheus."""
         if self.guard is None:
             return False
         return self.baseline.reads_prometheus if self.guard.steering is None else self.guard.steering

@@ -738,7 +738,7 @@ class KubeVirt:
                 self._delete_pod(old)  # the source pod completes and is gone
         self.vmim_updated(m, now)
         self.vmi_updated(vmi, now)
-        self._retain(vmi, now)
+        self.retain(vmi, now)
         for listener in self.listeners:
             listener(m)
         if copying:
@@ -757,7 +757,7 @@ class KubeVirt:
         if pod.name in self.pods:
             self._delete_pod(pod)
 
-    def _retain(self, vmi: VMI, now: int) -> None:
+    def retain(self, vmi: VMI, now: int) -> None:
         """Garbage-collect all but the newest finished VMIMs of a VMI."""
         finished = [m for m in vmi.vmims if m.phase in ("Succeeded", "Failed")]
         drop = finished[: max(0, len(finished) - self.s.retained_finished_migrations)]

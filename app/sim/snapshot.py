@@ -170,6 +170,6 @@ class _Seeder:
             vmi.migration = m
             vmi.failures_since_success = vmi.failures_since_success + 1 if failed else 0
             kv.publish_vmim(m)
-            kv._retain(vmi, 0)
+            kv.retain(vmi, 0)
         for vmi in kv.vmis:
             kv.publish_vmi(vmi)

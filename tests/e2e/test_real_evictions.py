@@ -20,8 +20,7 @@ guard allows, and virt-api answers as it does for a dry run: the background 429 
 (rule 5a) stays on the played control plane (tests/e2e/test_evictions.py): here the guard's own canceller ends a
 stuck evacuation at the same count of failed attempts, so the state does not last long enough to be asked about.
 
-Wall time: 80 s in `make e2e` on a 2-core machine at load 18 (with the start of the session's real-KubeVirt control
-plane when this file runs first): the rows' VMs and migrations, and the two drains.
+Most of its time is the rows' VMs and migrations, and the two drains.
 """
 
 from __future__ import annotations

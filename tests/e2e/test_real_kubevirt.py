@@ -9,8 +9,7 @@ by virt-controller from what virt-handler reports. Evictions go through the API 
 webhook answers first and virt-api's validating webhook (``virt-launcher-eviction-interceptor.kubevirt.io``) only
 sees what the guard let through.
 
-Wall time: 199 s in `make e2e` on a 2-core machine at load 18, 152 s of it the failed attempts (KubeVirt's retry
-waits for virt-handler's heartbeat, 60 to 132 s). The three real-KubeVirt files (this one, test_real_evictions.py,
+Most of its time is the failed attempts (KubeVirt's retry waits for virt-handler's heartbeat, 60 to 132 s). The three real-KubeVirt files (this one, test_real_evictions.py,
 test_real_side_effects.py) share the session's one real-KubeVirt control plane: run them as one group.
 """
 

@@ -12,7 +12,7 @@ while it answered a real eviction; every migration is KubeVirt's.
   next eviction from that node follows at once; the guard must refuse it whether or not its watch has brought the
   mark, with its own connection idle and lagging (tests/e2e/lag.py).
 
-Wall time: 144 s in `make e2e` on a 2-core machine at load 18, the race's 16 VMs and two guards 63 s of it.
+Most of its time is the race's 16 VMs and two guards.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The outcome's figures, computed the same way for a real run and for the simulator's run of the same scenario.
 
-Per mode (issue 19's summary):
+Per mode:
 
 - ``evictions_requested``: eviction requests the descheduler sent (real: the API server's audit log, every
   ``create`` of ``pods/eviction`` by the descheduler's ServiceAccount, whatever answered it; model: every eviction
