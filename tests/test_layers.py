@@ -1,9 +1,11 @@
-"""The import graph points one way (docs/design.md, "Layout").
+"""The import graph points one way (docs/design.md, "Layout"): every module of ``app`` is in a layer here, and
+each layer names the layers it may import.
 
-domain is a leaf; policy reads only domain; cluster and admission read policy and
-domain; nothing but ``app.__main__`` imports the command line. Leaf utilities
-(timestamps, backoff, metrics) import nothing from the application and may be used
-by any layer.
+domain is a leaf; policy reads only domain; cluster, metricsource and effects read policy and domain; the
+admission handler hands decisions to effects and reads the steering snapshot; the transport (HTTP server, TLS)
+is generic and imports nothing of the product; startup loads state for every command; serve wires the guard;
+nothing but ``app.__main__`` imports the command line. Leaf utilities (timestamps, backoff, metrics, logging)
+import nothing from the application and may be used by any layer.
 """
 
 from __future__ import annotations
@@ -14,16 +16,26 @@ from pathlib import Path
 import pytest
 
 APP = Path(__file__).resolve().parents[1] / "app"
-LEAF_UTILITIES = {"app.timefmt", "app.backoff", "app.metrics"}
+LEAF_UTILITIES = {"app.timefmt", "app.backoff", "app.metrics", "app.logs"}
 
-# package -> the application modules (prefixes) it may import besides itself and the leaf utilities
+# layer -> the application modules (prefixes) it may import besides itself and the leaf utilities
 ALLOWED = {
     "app.domain": set(),
     "app.policy": {"app.domain"},
     "app.cluster": {"app.domain", "app.policy"},
-    "app.admission": {"app.domain", "app.policy"},
-    "app.transport": set(),  # the HTTP server, TLS and the metrics port: generic, below the admission handler
     "app.metricsource": {"app.domain"},
+    "app.effects": {"app.domain", "app.policy"},
+    "app.transport": set(),  # the HTTP server, TLS and the metrics port: generic, below the admission handler
+    "app.admission": {"app.domain", "app.policy", "app.effects", "app.metricsource"},
+    "app.config": {"app.policy"},
+    "app.startup": {"app.cluster", "app.config", "app.domain", "app.metricsource", "app.policy"},
+    "app.inspect": {"app.cluster", "app.domain", "app.policy", "app.startup"},
+    "app.sim": {"app.cluster", "app.config", "app.domain", "app.effects", "app.policy"},
+    "app.serve": {"app.admission", "app.cluster", "app.config", "app.domain", "app.effects", "app.metricsource",
+                  "app.policy", "app.startup", "app.transport"},
+    "app.cli": {"app.admission", "app.cluster", "app.config", "app.domain", "app.effects", "app.inspect",
+                "app.metricsource", "app.policy", "app.serve", "app.sim", "app.startup", "app.transport"},
+    "app.__main__": {"app.cli"},
 }
 
 
@@ -67,9 +79,16 @@ def test_package_points_only_at_lower_layers(package: str) -> None:
     assert not violations(package, MODULES)
 
 
+def test_every_module_is_in_a_layer() -> None:
+    layers = set(ALLOWED) | LEAF_UTILITIES | {"app"}
+    assert sorted(m for m in MODULES if not any(_within(m, layer) for layer in layers)) == []
+
+
 def test_the_check_sees_a_wrong_arrow() -> None:
     graph = dict(MODULES, **{"app.policy.decide": MODULES["app.policy.decide"] | {"app.cluster.store"}})
     assert violations("app.policy", graph) == {"app.policy.decide -> app.cluster.store"}
+
+
 def test_leaf_utilities_import_nothing_from_the_application() -> None:
     for util in LEAF_UTILITIES:
         assert not MODULES[util], (util, MODULES[util])
@@ -101,8 +120,8 @@ def cycles(graph: dict[str, set[str]], within: str) -> list[list[str]]:
     return found
 
 
-def test_the_simulator_has_no_import_circle() -> None:
-    assert not cycles(MODULES, "app.sim")
+def test_the_application_has_no_import_circle() -> None:
+    assert not cycles(MODULES, "app")
 
 
 def test_the_circle_check_sees_a_circle() -> None:

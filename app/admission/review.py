@@ -9,12 +9,11 @@ server returns as JSON: never an exception that becomes a 500.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from app.policy.model import Decision, EvictionAttempt, Reason
+from app.policy.model import Decision, EvictionAttempt, Reason, Review
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 GUARD = "kubevirt-eviction-guard"
@@ -26,15 +25,6 @@ class BadReview(ValueError):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-@dataclass(slots=True, frozen=True)
-class Review:
-    """A decoded AdmissionReview request: its version, uid, and what policy needs."""
-
-    api_version: str
-    uid: str
-    eviction: EvictionAttempt
 
 
 def _str(d: dict, key: str) -> str:

@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -27,7 +26,9 @@ from app.admission import review as rv
 from app.admission.reads import ReadRefused, SharedReads
 from app.domain.usage import UsageSnapshot
 from app.domain.view import HEALTHY, CacheHealth, ClusterView
+from app.effects import Effects
 from app.metrics import Metrics
+from app.metricsource.steering import Steering
 from app.policy import decide
 from app.policy.model import Decision, PolicySettings, Reason
 
@@ -48,11 +49,11 @@ class GuardContext:
     clock: Callable[[], float] = time.time
     metrics: Metrics = field(default_factory=Metrics)
     on_decision: Callable[[rv.Review, Decision], None] | None = None
-    effects: Any = None  # app.effects.Effects: started and stopped with the server
+    effects: Effects | None = None  # started and stopped with the server
     shutting_down: bool = False
     # steering: the latest Prometheus snapshot; None turns the rule off
     usage: Callable[[], UsageSnapshot | None] = lambda: None
-    usage_source: Any = None  # app.metricsource.prometheus.PrometheusSource: started and stopped with the server
+    usage_source: Steering | None = None  # where ``usage`` comes from: started and stopped with the server
     # `node_busy` read again before an allow (blocking; None in snapshot mode): node -> the view with its VMIs fresh
     fresh_view: Callable[[str], ClusterView] | None = None
     fresh_view_timeout: float = 2.0

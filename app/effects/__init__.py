@@ -20,7 +20,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from app.admission.review import Review
 from app.backoff import Backoff
 from app.domain.view import ClusterView
 from app.effects.annotate import AnnotateJob, wanted
@@ -35,7 +34,7 @@ from app.effects.kubeapi import EffectsApi, KubeEffectsApi, LogOnlyApi
 from app.effects.queue import EffectQueue
 from app.effects.source import StaleSourceCleaner
 from app.metrics import Metrics
-from app.policy.model import DESCHEDULER_REQUESTER, Decision, PolicySettings, Reason
+from app.policy.model import DESCHEDULER_REQUESTER, Decision, PolicySettings, Reason, Review
 
 # Steering's refusals choose which VM the descheduler moves; they block nothing about the VM refused. An Event on every
 # VMI of a hot node, each cycle, would read as trouble with each, and cost an API write per refusal: they are in the

@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from app.admission.review import Review
 from app.effects.text import MAX_MESSAGE, printable
 from app.logs import structured
-from app.policy.model import Decision
+from app.policy.model import Decision, Review
 
 log = logging.getLogger("kubevirt_eviction_guard.decision")
 

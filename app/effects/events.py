@@ -51,14 +51,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.admission.review import Review
 from app.domain.records import VMIRecord
 from app.domain.view import ClusterView
 from app.effects.kubeapi import EffectsApi, NotFound
 from app.effects.queue import EffectQueue
 from app.effects.text import MAX_MESSAGE, printable
 from app.metrics import Metrics
-from app.policy.model import Decision
+from app.policy.model import Decision, Review
 from app.timefmt import format_timestamp
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")

@@ -85,6 +85,16 @@ class EvictionAttempt:
 
 
 @dataclass(slots=True, frozen=True)
+class Review:
+    """A decoded AdmissionReview request (``app.admission.review.decode``): its version, uid, and the attempt.
+    Here, not in the codec, because the side effects of a decision read it too."""
+
+    api_version: str
+    uid: str
+    eviction: EvictionAttempt
+
+
+@dataclass(slots=True, frozen=True)
 class Decision:
     allowed: bool
     reason: str
