@@ -4,7 +4,7 @@ each layer names the layers it may import.
 domain is a leaf; policy reads only domain; cluster, metricsource and effects read policy and domain; the
 admission handler hands decisions to effects and reads the steering snapshot; the transport (HTTP server, TLS)
 is generic and imports nothing of the product; startup loads state for every command; serve wires the guard;
-nothing but ``app.__main__`` imports the command line. Leaf utilities (timestamps, backoff, metrics, logging)
+nothing but ``app.__main__`` imports the command line. Leaf utilities (timestamps, backoff, rate limits, metrics, logging)
 import nothing from the application and may be used by any layer.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 APP = Path(__file__).resolve().parents[1] / "app"
-LEAF_UTILITIES = {"app.timefmt", "app.backoff", "app.metrics", "app.logs"}
+LEAF_UTILITIES = {"app.timefmt", "app.backoff", "app.metrics", "app.logs", "app.ratelimit"}
 
 # layer -> the application modules (prefixes) it may import besides itself and the leaf utilities
 ALLOWED = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from app.ratelimit import TokenBucket
+
 
 class ReadRefused(Exception):
     """More reads per second than the bound: the store's answer stands."""
@@ -28,7 +30,7 @@ class SharedReads:
         self.read = read
         self.per_second, self.burst, self.per_node = per_second, burst, per_node
         self.monotonic = monotonic or time.monotonic
-        self.tokens, self.at = burst, self.monotonic()
+        self.budget = TokenBucket(per_second, burst, self.monotonic)
         self._inflight: dict[str, list] = {}
         self._next: dict[str, object] = {}
 
@@ -45,17 +47,8 @@ class SharedReads:
             self._start(node, future)
         return future
 
-    def _take(self) -> bool:
-        now = self.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_second)
-        self.at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
     def _start(self, node: str, future) -> None:
-        if not self._take():
+        if not self.budget.take():
             future.set_exception(ReadRefused(f"more than {self.per_second:g} reads per second"))
             return
         self._inflight.setdefault(node, []).append(future)

@@ -58,6 +58,7 @@ from app.effects.queue import EffectQueue
 from app.effects.text import MAX_MESSAGE, printable
 from app.metrics import Metrics
 from app.policy.model import Decision, Review
+from app.ratelimit import TokenBucket
 from app.timefmt import format_timestamp
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
@@ -71,25 +72,6 @@ DEFAULT_INTERVAL = 60.0
 DEFAULT_MAX_SERIES = 4096
 DEFAULT_BUDGET = 10.0  # Event writes per second, all series together
 DEFAULT_BUDGET_BURST = 100
-
-
-class TokenBucket:
-    """``rate`` per second, at most ``burst`` saved up; thread-safe."""
-
-    def __init__(self, rate: float, burst: float, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.rate, self.burst, self.monotonic = rate, burst, monotonic
-        self.tokens, self.at = burst, monotonic()
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            now = self.monotonic()
-            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-            self.at = now
-            if self.tokens < 1:
-                return False
-            self.tokens -= 1
-            return True
 
 
 def requester_text(review: Review) -> str:
