@@ -23,9 +23,9 @@ import logging
 from typing import Any
 
 from app.domain.kinds import VMI, VMIM
-from app.domain.records import CAUSE_ANNOTATION, MigrationRecord, RecordError, vmi_from_object
+from app.domain.records import CAUSE_ANNOTATION, MigrationRecord
 from app.effects.annotate import json_pointer_token
-from app.effects.kubeapi import EffectsApi, NotFound
+from app.effects.kubeapi import EffectsApi, NotFound, read_vmi_afresh
 from app.effects.queue import EffectQueue
 from app.policy.cause import needs_recorded_cause, recorded_evacuation_cause
 
@@ -56,16 +56,10 @@ class CauseJob:
         m = self._stored()
         if m is None or not needs_recorded_cause(m):
             return NOT_NEEDED
-        try:
-            obj = self.api.read_vmi(self.namespace, self.vmi)
-        except NotFound:
+        fresh = read_vmi_afresh(self.api, self.namespace, self.vmi)
+        if fresh is None:
             return NOT_NEEDED
-        if obj is None:  # no API server to ask (snapshot mode)
-            return NOT_NEEDED
-        try:
-            vmi = vmi_from_object(obj)
-        except RecordError:
-            return NOT_NEEDED
+        vmi, _ = fresh
         cause = recorded_evacuation_cause(m, vmi, self.view.node(m.evacuation_node))
         if cause is None:
             log.info("evacuation cause not recorded: the VMI is no longer marked from the node", extra={

@@ -46,9 +46,9 @@ from typing import Any, Protocol
 
 from app.domain.history import HISTORY_ANNOTATION, MAX_ENTRIES, HistoryEntry, encode_history
 from app.domain.kinds import VMI, VMIM
-from app.domain.records import MigrationRecord, VMIRecord, vmi_from_object
+from app.domain.records import MigrationRecord, VMIRecord
 from app.effects.annotate import json_pointer_token
-from app.effects.kubeapi import Conflict, EffectsApi, NotFound
+from app.effects.kubeapi import Conflict, EffectsApi, NotFound, read_vmi_afresh
 from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue, Retry
 from app.policy.cause import cause_of
@@ -150,13 +150,10 @@ class HistoryJob:
         stored = self.view.vmi(self.namespace, self.name)
         if stored is None or not needs_write(self.view, stored, self.clock(), self.settings):
             return NOT_NEEDED
-        try:
-            obj = self.api.read_vmi(self.namespace, self.name)
-        except NotFound:
+        read = read_vmi_afresh(self.api, self.namespace, self.name)
+        if read is None:
             return NOT_NEEDED
-        if obj is None:  # no API server to ask (snapshot mode)
-            return NOT_NEEDED
-        fresh = vmi_from_object(obj)
+        fresh, obj = read
         meta = obj.get("metadata") or {}
         resource_version = meta.get("resourceVersion")
         if fresh.uid != stored.uid or not isinstance(resource_version, str) or not resource_version:

@@ -26,6 +26,7 @@ import urllib3
 from kubernetes.client import ApiClient, AuthorizationV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
+from app.domain.records import RecordError, VMIRecord, vmi_from_object
 from app.effects.queue import Retry
 
 log = logging.getLogger("kubevirt_eviction_guard.effects")
@@ -238,3 +239,19 @@ class LogOnlyApi:
     def patch_vmim(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         log.info("would patch VMIM (no API server)", extra={"namespace": namespace, "vmim": name,
                                                              "patch": orjson.dumps(patch).decode()})
+
+
+def read_vmi_afresh(api: EffectsApi, namespace: str, name: str) -> tuple[VMIRecord, dict] | None:
+    """The VMI as the API server has it now, and its object (for ``resourceVersion``); None when it is gone,
+    when there is no API server to ask (snapshot mode), or when it is not a VMI the guard can read. A job that
+    writes from what it read re-reads first: the store may be behind, and a review names only a pod."""
+    try:
+        obj = api.read_vmi(namespace, name)
+    except NotFound:
+        return None
+    if obj is None:
+        return None
+    try:
+        return vmi_from_object(obj), obj
+    except RecordError:
+        return None

@@ -25,10 +25,10 @@ import logging
 from typing import Any
 
 from app.domain.kinds import VMI, VMIM
-from app.domain.records import DESCHEDULER_SOURCE, EVICTION_SOURCE, RecordError, vmi_from_object
+from app.domain.records import DESCHEDULER_SOURCE, EVICTION_SOURCE
 from app.effects.annotate import json_pointer_token
 from app.effects.history import HistoryView
-from app.effects.kubeapi import Conflict, EffectsApi, NotFound
+from app.effects.kubeapi import Conflict, EffectsApi, NotFound, read_vmi_afresh
 from app.effects.queue import EffectQueue, Retry
 from app.policy.source import stale_eviction_source
 
@@ -58,16 +58,10 @@ class StaleSourceJob:
         migrations = self.view.migrations(self.namespace, self.name)
         if stored is None or not stale_eviction_source(stored, migrations):
             return NOT_NEEDED
-        try:
-            obj = self.api.read_vmi(self.namespace, self.name)
-        except NotFound:
+        read = read_vmi_afresh(self.api, self.namespace, self.name)
+        if read is None:
             return NOT_NEEDED
-        if obj is None:  # no API server to ask (snapshot mode)
-            return NOT_NEEDED
-        try:
-            fresh = vmi_from_object(obj)
-        except RecordError:
-            return NOT_NEEDED
+        fresh, obj = read
         resource_version = (obj.get("metadata") or {}).get("resourceVersion")
         if (fresh.uid != stored.uid or not isinstance(resource_version, str) or not resource_version
                 or not stale_eviction_source(fresh, migrations)):
