@@ -252,27 +252,9 @@ class EventRecorder:
         return name, taken
 
     def _event(self, s: Series, name: str, count: int, first: float, last: float, message: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": s.namespace},
-            "involvedObject": {
-                "apiVersion": "kubevirt.io/v1",
-                "kind": "VirtualMachineInstance",
-                "namespace": s.namespace,
-                "name": s.vmi_name,
-                "uid": s.vmi_uid,
-            },
-            "reason": ALLOWED_EVENT_REASON if s.allowed else EVENT_REASON,
-            "message": message,
-            "type": "Normal" if s.allowed else "Warning",
-            "count": count,
-            "firstTimestamp": format_timestamp(first),
-            "lastTimestamp": format_timestamp(last),
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance,
-        }
+        return vmi_event(s.namespace, s.vmi_name, s.vmi_uid, ALLOWED_EVENT_REASON if s.allowed else EVENT_REASON,
+                         message, first, self.instance, kind="Normal" if s.allowed else "Warning", count=count,
+                         last=last, event_name=name)
 
 
 class FlushJob:
@@ -320,21 +302,41 @@ class ConfirmJob:
 
 
 def vmi_event(namespace: str, name: str, uid: str, reason: str, message: str, now: float, instance: str,
-              kind: str = "Warning") -> dict[str, Any]:
-    """A one-off core/v1 Event on a VMI (the canceller's and the held-node watch's; no series)."""
+              kind: str = "Warning", *, count: int = 1, last: float | None = None,
+              event_name: str | None = None) -> dict[str, Any]:
+    """A core/v1 Event on a VMI: every Event the guard writes (a series' aggregate, or a one-off from the
+    canceller, the held-node and the failing-evacuation watches) has this body."""
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
+        "metadata": {"name": event_name or f"{name}.{time.time_ns():x}", "namespace": namespace},
         "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                            "namespace": namespace, "name": name, "uid": uid},
         "reason": reason,
         "message": message,
         "type": kind,
-        "count": 1,
+        "count": count,
         "firstTimestamp": format_timestamp(now),
-        "lastTimestamp": format_timestamp(now),
+        "lastTimestamp": format_timestamp(now if last is None else last),
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
         "reportingInstance": instance,
     }
+
+
+class VMIEventJob:
+    """Writes one one-off Event (``vmi_event``); ``key_kind`` keys it in the queue beside its writer's other jobs."""
+
+    kind = "event"
+
+    def __init__(self, api: EffectsApi, namespace: str, event: dict[str, Any], key_kind: str) -> None:
+        self.api, self.namespace, self.event = api, namespace, event
+        obj = event["involvedObject"]
+        self.key = (key_kind, obj["namespace"], obj["name"])
+
+    def run(self) -> str:
+        try:
+            self.api.create_event(self.namespace, self.event)
+        except NotFound:
+            return "not_needed"  # the namespace is gone
+        return "applied"

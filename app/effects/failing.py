@@ -17,10 +17,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
-from app.effects.events import COMPONENT, vmi_event
-from app.effects.kubeapi import EffectsApi, NotFound
+from app.effects.events import COMPONENT, VMIEventJob, vmi_event
+from app.effects.kubeapi import EffectsApi
 from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
@@ -34,22 +33,6 @@ KIND = "failing"
 EVENT_REASON = "EvacuationFailing"
 DEFAULT_INTERVAL = 30.0
 DEFAULT_REPEAT = 3600.0
-
-
-class FailingEventJob:
-    kind = "event"
-
-    def __init__(self, api: EffectsApi, namespace: str, event: dict[str, Any]) -> None:
-        self.api, self.namespace, self.event = api, namespace, event
-        obj = event["involvedObject"]
-        self.key = (KIND, obj["namespace"], obj["name"])
-
-    def run(self) -> str:
-        try:
-            self.api.create_event(self.namespace, self.event)
-        except NotFound:
-            return "not_needed"  # the namespace is gone
-        return "applied"
 
 
 class FailingEvacuationWatch(BackgroundLoop):
@@ -100,7 +83,7 @@ class FailingEvacuationWatch(BackgroundLoop):
             vmi = self.view.vmi(f.namespace, f.name)
             event = vmi_event(f.namespace, f.name, vmi.uid if vmi else "", EVENT_REASON, f.message(), now,
                               self.instance)
-            if self.queue.submit(FailingEventJob(self.api, f.namespace, event)):
+            if self.queue.submit(VMIEventJob(self.api, f.namespace, event, KIND)):
                 self._told[key] = now
                 queued += 1
                 log.warning("evacuation keeps failing", extra={

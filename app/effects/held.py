@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from app.domain.records import KubeVirtRecord, LauncherPod, MigrationRecord, NodeRecord, VMIRecord
-from app.effects.events import COMPONENT, vmi_event
-from app.effects.kubeapi import EffectsApi, NotFound
+from app.effects.events import COMPONENT, VMIEventJob, vmi_event
+from app.effects.kubeapi import EffectsApi
 from app.effects.loop import BackgroundLoop
 from app.effects.queue import EffectQueue
 from app.metrics import Metrics
@@ -65,22 +65,6 @@ def held_event(held: HeldNode, one: Leaver, uid: str, budget: int, now: float, i
     return vmi_event(one.namespace, one.name, uid, EVENT_REASON, message, now, instance)
 
 
-class HeldEventJob:
-    kind = "event"
-
-    def __init__(self, api: EffectsApi, namespace: str, event: dict[str, Any]) -> None:
-        self.api, self.namespace, self.event = api, namespace, event
-        obj = event["involvedObject"]
-        self.key = (KIND, obj["namespace"], obj["name"])
-
-    def run(self) -> str:
-        try:
-            self.api.create_event(self.namespace, self.event)
-        except NotFound:
-            return "not_needed"  # the namespace is gone
-        return "applied"
-
-
 class HeldNodeWatch(BackgroundLoop):
     thread_name = "held-nodes"
 
@@ -118,7 +102,7 @@ class HeldNodeWatch(BackgroundLoop):
                 vmi = self.view.vmi(one.namespace, one.name)
                 event = held_event(h, one, vmi.uid if vmi else "", self.settings.pending_evacuations_per_node, now,
                                    self.instance)
-                if self.queue.submit(HeldEventJob(self.api, one.namespace, event)):
+                if self.queue.submit(VMIEventJob(self.api, one.namespace, event, KIND)):
                     self._told[key] = now
                     queued += 1
                     log.warning("node held by a departure", extra={"node": h.node, "namespace": one.namespace,
