@@ -8,7 +8,8 @@ import pytest
 from kubernetes import client as k8s
 
 from app.cluster.informer import ClusterWatch
-from app.cluster.migrations import MigrationCounter, cause_of, describe_cause
+from app.cluster.migrations import MigrationCounter
+from app.policy.cause import cause_of, describe_cause
 from app.cluster.store import ClusterStore
 from app.domain.records import migration_from_object
 from app.metrics import Metrics

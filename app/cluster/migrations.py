@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 from app.domain.records import MigrationRecord
 from app.metrics import Metrics
-from app.policy.cause import (  # noqa: F401 (the names report and explain read from here)
+from app.policy.cause import cause_of
     BY_PRIORITY,
     DESCHEDULER,
     DRAIN,
