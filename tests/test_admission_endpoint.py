@@ -1,4 +1,4 @@
-"""The admission routes, /mutate and /validate, through FastAPI's routing (app/admission/server.py)."""
+"""The admission routes, /mutate and /validate: answered ahead of FastAPI's request path (app/admission/server.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import asyncio
 import httpx
 import orjson
 import pytest
+
+from fastapi import FastAPI
 
 from app.admission.server import GuardContext, create_app
 from app.cluster.store import ClusterStore
@@ -66,6 +68,53 @@ def test_the_routing_table_still_lists_the_admission_routes() -> None:
     app = create_app(GuardContext(view=ClusterStore(), settings=PolicySettings()))
     paths = {getattr(r, "path", None): getattr(r, "methods", None) for r in app.router.routes}
     assert paths["/mutate"] == {"POST"} and paths["/validate"] == {"POST"}
+
+
+class Seen:
+    """A middleware: what reached FastAPI's request path."""
+
+    def __init__(self, app, seen: list) -> None:
+        self.app, self.seen = app, seen
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            self.seen.append((scope["method"], scope["path"]))
+        await self.app(scope, receive, send)
+
+
+def test_admission_posts_bypass_fastapi_with_the_routes_answers_and_the_rest_reach_it() -> None:
+    app = create_app(GuardContext(view=ClusterStore(), settings=PolicySettings()))
+    seen: list = []
+    app.add_middleware(Seen, seen=seen)
+
+    async def through_fastapi(scope, receive, send):  # FastAPI's own request path, the guard's front skipped
+        await FastAPI.__call__(app, scope, receive, send)
+
+    requests = [("POST", p, body, ctype) for p in ("/mutate", "/validate")
+                for body, ctype in ((PLAIN, "application/json"), (b"{nope", "application/json"), (PLAIN, "text/plain"))]
+
+    async def answers(asgi) -> list:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://guard") as c:
+            return [await c.request(m, p, content=b, headers={"Content-Type": t}) for m, p, b, t in requests]
+
+    bypassed = run(answers(app))
+    assert seen == []
+    routed = run(answers(through_fastapi))
+    assert seen == [(m, p) for m, p, _, _ in requests]  # the route is there, and is the same endpoint
+    assert [(r.status_code, r.headers["content-type"], r.content) for r in bypassed] == \
+        [(r.status_code, r.headers["content-type"], r.content) for r in routed]
+    assert [r.status_code for r in bypassed] == [200, 400, 400] * 2
+
+    async def others():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://guard") as c:
+            return [await c.get("/mutate"), await c.put("/validate", content=PLAIN, headers=JSON),
+                    await c.post("/mutate/", content=PLAIN, headers=JSON), await c.post("/healthz"),
+                    await c.get("/healthz")]
+
+    seen.clear()
+    assert [r.status_code for r in run(others())] == [405, 405, 404, 405, 200]
+    assert seen == [("GET", "/mutate"), ("PUT", "/validate"), ("POST", "/mutate/"), ("POST", "/healthz"),
+                    ("GET", "/healthz")]
 
 
 def test_an_unexpected_failure_is_a_json_500_not_a_crash(monkeypatch) -> None:

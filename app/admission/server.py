@@ -3,7 +3,8 @@
 ``admit`` takes the raw body (read whole, within the body limit, by the HTTP server: ``app.transport.http``),
 decodes it with ``review.decode``, asks ``policy.decide`` and returns the answer; everything else a decision
 causes (log line, metrics, Events, the annotation) goes to ``on_decision``,
-which must not block: side effects are queued, never run on the request path.
+which must not block: side effects are queued, never run on the request path. ``GuardApp`` hands POST /mutate
+and /validate to ``AdmissionEndpoint`` ahead of FastAPI's request path; FastAPI's route for them is the same endpoint.
 
 One answer waits on the API server: an allow that `node_busy` found room for is decided again over the node's VMIs
 read fresh (``fresh_view``; ``app.cluster.fresh`` says why), in a thread, so the event loop keeps serving.
@@ -74,17 +75,57 @@ def stalled(ctx: GuardContext) -> float | None:
     return quiet if quiet > ctx.stalled_after else None
 
 
+class AdmissionEndpoint:
+    """POST /mutate and /validate as a bare ASGI app. The HTTP server delivers the body whole, in one message,
+    within its limit."""
+
+    def __init__(self, admit: Callable) -> None:
+        self.admit = admit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        started = time.perf_counter()
+        ctype = ""
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                ctype = value.decode("latin-1")
+                break
+        body = (await receive()).get("body", b"")
+        try:
+            answer = self.admit(ctype, body, started)
+            status, payload = await answer if inspect.isawaitable(answer) else answer
+        except Exception:  # admit() fails open on policy errors; anything else is a bug: say so, in JSON
+            log.exception("admission endpoint failed")
+            status, payload = 500, INTERNAL_ERROR
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+class GuardApp(FastAPI):
+    """FastAPI, with POST /mutate and /validate handed straight to their endpoint: its request path (middleware,
+    routing, Request and Response objects) costs about as much as the answer. Everything else goes through it."""
+
+    admission: AdmissionEndpoint | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.admission is not None and scope["type"] == "http" and scope["method"] == "POST" \
+                and scope["path"] in ADMISSION_PATHS:
+            await self.admission(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def _json(status: int, payload: dict) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
 
 
-def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
+def create_app(ctx: GuardContext, metrics_route: bool = True) -> GuardApp:
     """``metrics_route``: serve /metrics here. ``serve`` turns it off on the HTTPS port when there is a metrics
     port: the chart's NetworkPolicy admits monitoring to the metrics port only and everyone to the webhook port, so
     the metrics (nodes, namespaces, decisions) must not be one port away from everyone."""
     # no redirects: a slash-ended path is a 404, never a Location built from the client's Host header
-    app = FastAPI(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None,
-                  redirect_slashes=False)
+    app = GuardApp(title="kubevirt-eviction-guard", docs_url=None, redoc_url=None, openapi_url=None,
+                   redirect_slashes=False)
     app.state.guard = ctx
     metrics = ctx.metrics
 
@@ -156,18 +197,9 @@ def create_app(ctx: GuardContext, metrics_route: bool = True) -> FastAPI:
         metrics.admission_duration.observe(time.perf_counter() - started)
         return 200, out
 
-    async def admission(request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            answer = admit(request.headers.get("content-type", ""), await request.body(), started)
-            status, payload = await answer if inspect.isawaitable(answer) else answer
-        except Exception:  # admit() fails open on policy errors; anything else is a bug: say so, in JSON
-            log.exception("admission endpoint failed")
-            status, payload = 500, INTERNAL_ERROR
-        return Response(payload, status_code=status, media_type=JSON)
-
-    for path in sorted(ADMISSION_PATHS):
-        app.add_api_route(path, admission, methods=["POST"], include_in_schema=False)
+    app.admission = AdmissionEndpoint(admit)
+    for path in sorted(ADMISSION_PATHS):  # the same endpoint as FastAPI's route: the routing table tells the truth
+        app.router.add_route(path, app.admission, methods=["POST"], include_in_schema=False)
 
     @app.get("/healthz")
     async def healthz() -> Response:
