@@ -17,15 +17,6 @@ from collections import OrderedDict
 from app.domain.records import MigrationRecord
 from app.metrics import Metrics
 from app.policy.cause import cause_of
-    BY_PRIORITY,
-    DESCHEDULER,
-    DRAIN,
-    UNKNOWN,
-    USER,
-    WORKLOAD_UPDATE,
-    cause_of,
-    describe_cause,
-)
 
 MAX_REMEMBERED = 100_000  # uids already counted; a VMIM finishes once, this only guards odd replays
 
