@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from app.admission import review as rv
 from app.admission.reads import ReadRefused, SharedReads
@@ -82,7 +83,7 @@ class AdmissionEndpoint:
     def __init__(self, admit: Callable) -> None:
         self.admit = admit
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         ctype = ""
         for name, value in scope["headers"]:
@@ -107,7 +108,7 @@ class GuardApp(FastAPI):
 
     admission: AdmissionEndpoint | None = None
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.admission is not None and scope["type"] == "http" and scope["method"] == "POST" \
                 and scope["path"] in ADMISSION_PATHS:
             await self.admission(scope, receive, send)
