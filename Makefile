@@ -160,7 +160,8 @@ e2e: $(STAMP)
 # into build/e2e/oldest/bin (cold: see docs/testing.md), Helm and the descheduler from `make e2e`'s pins. Writes
 # build/e2e/oldest/summary.json.
 E2E_OLDEST_SKIP = tests/e2e/test_outcome.py tests/e2e/test_eviction_request_api.py tests/e2e/test_node.py \
-  tests/e2e/test_real_kubevirt.py tests/e2e/test_real_evictions.py tests/e2e/test_real_side_effects.py
+  tests/e2e/test_real_kubevirt.py tests/e2e/test_real_kubevirt_operator_view.py tests/e2e/test_real_evictions.py \
+  tests/e2e/test_real_side_effects.py
 e2e-oldest: $(STAMP) e2e-bin
 	bash e2e/build-oldest.sh
 	E2E_BIN=build/e2e/oldest/bin E2E_SUMMARY=build/e2e/oldest/summary.json \
