@@ -54,7 +54,7 @@ def hook_user(release: str, namespace: str) -> str:
 
 
 def delete_order(cp: ControlPlane, release: str, namespace: str, cluster_names: set[str],
-                 after: set[str]) -> list[dict]:
+                 after: set[str], namespaces: frozenset[str] = frozenset()) -> list[dict]:
     """The release's DELETEs since ``after`` (audit IDs seen before), by Helm (the admin) or the uninstall hook, in
     the order the API server received them: objects in ``namespace`` (but Helm's own release records) and the
     release's cluster-scoped objects (``cluster_names``, the hook's own among them)."""
@@ -67,7 +67,8 @@ def delete_order(cp: ControlPlane, release: str, namespace: str, cluster_names: 
             continue
         if ref.get("resource") == "secrets" and ref["name"].startswith("sh.helm.release."):
             continue  # Helm's storage driver, not the chart
-        if ref.get("namespace") == namespace or (not ref.get("namespace") and ref["name"] in cluster_names):
+        in_release = ref.get("namespace") in {namespace, *namespaces}
+        if in_release or (not ref.get("namespace") and ref["name"] in cluster_names):
             out.append({"resource": ref["resource"], "name": ref["name"], "at": _when(ev), "user": user,
                         "code": (ev.get("responseStatus") or {}).get("code")})
     return sorted(out, key=lambda d: d["at"])
@@ -161,7 +162,8 @@ def uninstall(cp: ControlPlane, run: dict, *flags: str) -> dict:
     helm(cp, "uninstall", release, "--namespace", namespace, "--wait", *flags, timeout=300, binary=run["binary"])
     cluster_names = {d["metadata"]["name"] for d in manifests if not d["metadata"].get("namespace")}
     cluster_names.add(f"{run['name']}-unregister")  # the hook's ClusterRole and ClusterRoleBinding
-    order = delete_order(cp, release, namespace, cluster_names, seen)
+    elsewhere = frozenset(d["metadata"]["namespace"] for d in manifests if d["metadata"].get("namespace"))
+    order = delete_order(cp, release, namespace, cluster_names, seen, elsewhere)  # e.g. the policy ConfigMaps' Roles
     deleted = {(d["resource"], d["name"]) for d in order}
     missing = [d for d in manifests if (_plural(d["kind"]), d["metadata"]["name"]) not in deleted]
     assert not missing, ([f"{d['kind']}/{d['metadata']['name']}" for d in missing], order)

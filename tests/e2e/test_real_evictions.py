@@ -10,7 +10,8 @@ through its phases. States:
   another node, and virt-handler's start held (rules 5 and 6);
 - a migration queued: the same, with no node for the target pod (the VMIM stays ``Scheduling``; rule 6);
 - a marked VM without a migration: ``evictionStrategy: External``, which virt-api marks and KubeVirt's evacuation
-  controller leaves to someone else (rule 7), and a second VM on its node (rule 8);
+  controller leaves to someone else (rule 7; such a mark holds no node), and a second VM beside the migration in
+  flight (rule 8);
 - migrated a moment ago by KubeVirt (rules 9, and the cordoned-node and exempt exceptions);
 - the VM's own ``prefer-no-eviction`` (rule 7a);
 - pods that are not a VM's (rules 3 and 4), and a quiet VM (rule 11).
@@ -71,7 +72,7 @@ def build_real_rows(kv) -> dict[str, RealRow]:
     kv.nodes.plans[(ns, "moving")] = ["hold"]
     prefer = {"descheduler.alpha.kubernetes.io/prefer-no-eviction": ""}
     kv.vms(ns, [("moving", n("src"), {}), ("queued", n("queue"), {}),
-                ("ext", n("ext"), {"eviction_strategy": "External"}), ("second", n("ext"), {}),
+                ("ext", n("ext"), {"eviction_strategy": "External"}), ("second", n("src"), {}),
                 ("pref", n("misc"), {"annotations": prefer}), ("quiet", n("misc"), {}), ("cool", n("cool"), {}),
                 ("drained", n("drain"), {}),
                 ("exempt", n("exempt"), {"annotations": {"kubevirt-eviction-guard.io/exempt": "true"}})])
@@ -120,7 +121,7 @@ def build_real_rows(kv) -> dict[str, RealRow]:
             "allowed", ns, pod("pref"), False, allowed=True, via=("kubectl",), then=background("pref")),
         "node_busy": RealRow(
             "node_busy", ns, pod("second"), True,
-            f'node "{n("ext")}" already has 1 VM(s) leaving ({ns}/ext); retry after they finish', via=("client-go",)),
+            f'node "{n("src")}" already has 1 VM(s) leaving ({ns}/moving); retry after they finish', via=("client-go",)),
         "cooldown": RealRow(
             "cooldown", ns, pod("cool"), True,
             f'VMI "{ns}/cool" is in migration cooldown: last migration finished {D} ago, cooldown 15m0s '

@@ -110,15 +110,15 @@ LEAVER_READS = "kubevirt_eviction_guard_leaver_reads_total"
 
 
 def race(kv, guard: GuardProcess) -> dict[str, float]:
-    """``TRIALS`` nodes with two VMs each (the first ``External``: marked, never migrated): the descheduler evicts
-    the first (virt-api marks it while it answers), then at once the second. Returns the guard's reads before an
+    """``TRIALS`` nodes with two VMs each: the descheduler evicts the first (virt-api marks it while it answers,
+    and KubeVirt starts moving it), then at once the second. Returns the guard's reads before an
     allow meanwhile, by result (``changed``: they found the mark the guard's store did not have yet)."""
     c = kv.cluster
     ns = c.fresh_namespace("real-race")
     hook = kv.installation.webhook_name
     pairs = [(kv.node("race"), f"first-{i}", f"second-{i}") for i in range(TRIALS)]
     kv.vms(ns, [spec for node, first, second in pairs
-                for spec in ((first, node, {"eviction_strategy": "External"}), (second, node, {}))])
+                for spec in ((first, node, {}), (second, node, {}))])
     pods = {name: kv.source_pod(ns, name).metadata.name for _, first, second in pairs for name in (first, second)}
     c.sync(guard, timeout=60)
     reads_before = leaver_reads(guard)
