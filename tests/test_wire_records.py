@@ -203,3 +203,14 @@ def test_watch_events_give_the_same_records_both_ways_and_move_the_version(kind:
     obj["metadata"]["resourceVersion"] = "11"
     inf._event(orjson.dumps({"type": "DELETED", "object": obj}))
     assert (inf.store.deletes, inf.resource_version) == ([(kind, parse(obj).key)], "11"), inf.store.deletes
+
+
+def test_every_annotation_the_guard_writes_is_read_the_same_both_ways() -> None:
+    """The guard's own annotations (the cause it records on an evacuation VMIM, its history on a VMI) are read by
+    the typed path as by the careful one: a field missing from a wire type would drop them silently."""
+    vmim = next(obj for _, obj in REAL if obj["kind"] == "VirtualMachineInstanceMigration")
+    marked = {**vmim, "metadata": {**vmim["metadata"], "annotations": {
+        **(vmim["metadata"].get("annotations") or {}), "kubevirt-eviction-guard.io/cause": "descheduler"}}}
+    raw = orjson.dumps(marked)
+    fast = migration_from_wire(msgspec.json.decode(raw, type=wire.VMIM))
+    assert fast.recorded_cause == "descheduler" and fast == migration_from_object(orjson.loads(raw)), fast

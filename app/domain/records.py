@@ -618,6 +618,7 @@ def migration_from_wire(obj: wire.VMIM) -> MigrationRecord:
         decentralized=SEND_TO if send and not receive else RECEIVE if receive and not send else "",
         blocked=blocked,
         blocked_reason=blocked_reason,
+        recorded_cause=a.cause if a is not None else "",
     )
 
 

@@ -105,6 +105,7 @@ class VMI(_Wire):
 class VMIMAnnotations(_Wire):
     evacuation: str = field(default="", name="kubevirt.io/evacuationMigration")
     workload_update: str | UnsetType = field(default=UNSET, name="kubevirt.io/workloadUpdateMigration")
+    cause: str = field(default="", name="kubevirt-eviction-guard.io/cause")
 
 
 class VMIMMeta(_Wire):
